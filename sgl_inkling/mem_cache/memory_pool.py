@@ -1,0 +1,131 @@
+"""Device memory pools: req-to-token tables, paged KV (full and sliding layers apart), short-conv state.
+
+Slot 0 of every KV pool is a padding slot that is never handed out, so padded batch entries can
+write there harmlessly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+class ReqToTokenPool:
+    """Row per running request: position -> KV slot, one table per attention kind.
+
+    The row index also names the request's short-conv state slot.
+    """
+
+    def __init__(self, size: int, max_context_len: int, device: torch.device | str):
+        self.size = size
+        self.max_context_len = max_context_len
+        self.full = torch.zeros(size, max_context_len, dtype=torch.int64, device=device)
+        self.swa = torch.zeros(size, max_context_len, dtype=torch.int64, device=device)
+        self._free = list(range(size))
+
+    def alloc(self) -> int | None:
+        return self._free.pop() if self._free else None
+
+    def free(self, idx: int) -> None:
+        self._free.append(idx)
+
+    @property
+    def available(self) -> int:
+        return len(self._free)
+
+
+class TokenSlotAllocator:
+    """Free list over the slots of one KV pool (slot 0 reserved)."""
+
+    def __init__(self, num_slots: int):
+        self.num_slots = num_slots
+        self._free = torch.arange(1, num_slots + 1, dtype=torch.int64)
+        self._n_free = num_slots
+
+    @property
+    def available(self) -> int:
+        return self._n_free
+
+    def alloc(self, n: int) -> torch.Tensor | None:
+        if n > self._n_free:
+            return None
+        out = self._free[self._n_free - n : self._n_free].clone()
+        self._n_free -= n
+        return out
+
+    def free(self, slots: torch.Tensor) -> None:
+        slots = slots.to("cpu", torch.int64).flatten()
+        n = slots.numel()
+        if n == 0:
+            return
+        if self._n_free + n > self.num_slots:
+            raise RuntimeError("KV slot double free")
+        self._free[self._n_free : self._n_free + n] = slots
+        self._n_free += n
+
+
+@dataclass(frozen=True)
+class KVLayout:
+    num_kv_heads: int
+    head_dim: int
+
+
+class KVPool:
+    """K and V buffers [num_slots + 1, kv_heads, head_dim] for each layer of one attention kind."""
+
+    def __init__(
+        self,
+        num_slots: int,
+        layer_ids: list[int],
+        layout: KVLayout,
+        dtype: torch.dtype,
+        device: torch.device | str,
+    ):
+        self.num_slots = num_slots
+        self.layout = layout
+        self.allocator = TokenSlotAllocator(num_slots)
+        shape = (num_slots + 1, layout.num_kv_heads, layout.head_dim)
+        self._index = {layer: i for i, layer in enumerate(layer_ids)}
+        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in layer_ids]
+        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in layer_ids]
+
+    def buffers(self, layer_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+        i = self._index[layer_id]
+        return self.k[i], self.v[i]
+
+    def write(self, layer_id: int, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        kb, vb = self.buffers(layer_id)
+        kb[loc] = k.to(kb.dtype)
+        vb[loc] = v.to(vb.dtype)
+
+    def bytes_per_token(self) -> int:
+        return sum(t[0].numel() * t.element_size() for t in self.k + self.v)
+
+
+# Stream order inside a layer's short-conv state: K and V projections, attention output, FFN output.
+SCONV_K, SCONV_V, SCONV_ATTN, SCONV_MLP = range(4)
+
+
+class SConvStatePool:
+    """Per request slot and layer: the last K-1 inputs of each of the four short-conv streams (fp32)."""
+
+    def __init__(
+        self,
+        size: int,
+        stream_channels: dict[int, tuple[int, int, int, int]],
+        kernel_size: int,
+        device: torch.device | str,
+    ):
+        self.size = size
+        self.width = kernel_size - 1
+        self.states: dict[int, list[torch.Tensor]] = {
+            layer: [torch.zeros(size, self.width, c, dtype=torch.float32, device=device) for c in chans]
+            for layer, chans in stream_channels.items()
+        }
+
+    def state(self, layer_id: int, stream: int) -> torch.Tensor:
+        return self.states[layer_id][stream]
+
+    def bytes_per_slot(self) -> int:
+        return sum(t[0].numel() * t.element_size() for ts in self.states.values() for t in ts)

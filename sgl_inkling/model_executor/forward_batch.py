@@ -1,0 +1,93 @@
+"""What one model forward needs to know about its batch; the model never sees scheduler objects."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+import torch
+
+
+class ForwardMode(Enum):
+    EXTEND = "extend"  # new tokens after a (possibly empty) cached prefix: prefill and chunked prefill
+    DECODE = "decode"  # exactly one new token per sequence
+
+
+@dataclass
+class ForwardBatch:
+    """A ragged batch: the new tokens of all sequences, flattened, sequence after sequence.
+
+    Sequence i owns row `req_pool_indices[i]` of the req-to-token tables (which also names its
+    short-conv state slot), has `prefix_lens[i]` tokens already in the caches and brings
+    `extend_lens[i]` new ones; `out_loc` / `out_loc_swa` are the pool slots the new tokens' KV goes to.
+    """
+
+    mode: ForwardMode
+    input_ids: torch.Tensor  # [T]
+    positions: torch.Tensor  # [T] absolute position of every new token
+    req_pool_indices: torch.Tensor  # [B]
+    prefix_lens: torch.Tensor  # [B]
+    extend_lens: torch.Tensor  # [B]
+    out_loc: torch.Tensor  # [T] slots in the full-attention KV pool
+    out_loc_swa: torch.Tensor  # [T] slots in the sliding-window KV pool
+    logits_indices: torch.Tensor  # [N] rows of the flattened tokens that produce logits
+    # Host copies for the reference backend's per-sequence loops (never read on the GPU fast path).
+    prefix_lens_cpu: list[int] = field(default_factory=list)
+    extend_lens_cpu: list[int] = field(default_factory=list)
+    input_embeds: torch.Tensor | None = None  # [T, H] replaces the token embedding when set (multimodal)
+    # Attached by the model runner: where attention and short-conv layers find their state.
+    attn_backend: Any = None
+    sconv_pool: Any = None
+
+    @property
+    def batch_size(self) -> int:
+        return len(self.extend_lens_cpu)
+
+    @property
+    def seq_lens_cpu(self) -> list[int]:
+        return [p + e for p, e in zip(self.prefix_lens_cpu, self.extend_lens_cpu)]
+
+    @classmethod
+    def build(
+        cls,
+        mode: ForwardMode,
+        input_ids: list[list[int]],
+        req_pool_indices: list[int],
+        prefix_lens: list[int],
+        out_loc: list[int],
+        out_loc_swa: list[int],
+        device: torch.device | str,
+        all_logits: bool = False,
+    ) -> ForwardBatch:
+        """Assemble a batch from per-sequence host lists (new tokens of each sequence)."""
+        extend_lens = [len(x) for x in input_ids]
+        if mode is ForwardMode.DECODE and any(n != 1 for n in extend_lens):
+            raise ValueError("decode batches carry exactly one new token per sequence")
+        flat = [t for seq in input_ids for t in seq]
+        positions = [p + j for p, n in zip(prefix_lens, extend_lens) for j in range(n)]
+        if all_logits:
+            logits_indices = list(range(len(flat)))
+        else:
+            ends, acc = [], 0
+            for n in extend_lens:
+                acc += n
+                ends.append(acc - 1)
+            logits_indices = ends
+
+        def t(x: list[int]) -> torch.Tensor:
+            return torch.tensor(x, dtype=torch.int64, device=device)
+
+        return cls(
+            mode=mode,
+            input_ids=t(flat),
+            positions=t(positions),
+            req_pool_indices=t(req_pool_indices),
+            prefix_lens=t(prefix_lens),
+            extend_lens=t(extend_lens),
+            out_loc=t(out_loc),
+            out_loc_swa=t(out_loc_swa),
+            logits_indices=t(logits_indices),
+            prefix_lens_cpu=list(prefix_lens),
+            extend_lens_cpu=extend_lens,
+        )

@@ -1,0 +1,71 @@
+"""Inkling attention: q/k/v/r projections, K and V short convs, per-head q/k RMSNorm, relative bias."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from sgl_inkling.layers.attention.base import AttnLayerSpec
+from sgl_inkling.mem_cache.memory_pool import SCONV_K, SCONV_V
+from sgl_inkling.model_executor.forward_batch import ForwardBatch
+from sgl_inkling.models.inkling.config import InklingTextConfig
+from sgl_inkling.models.inkling.norm import RMSNorm
+from sgl_inkling.models.inkling.sconv import ShortConv
+
+
+class RelLogitsProj(nn.Module):
+    """The per-layer table P[d_rel, extent] of bias-vs-distance profiles."""
+
+    def __init__(self, d_rel: int, extent: int):
+        super().__init__()
+        self.proj = nn.Parameter(torch.zeros(d_rel, extent))
+
+
+class InklingAttention(nn.Module):
+    def __init__(self, cfg: InklingTextConfig, layer_id: int, sliding: bool):
+        super().__init__()
+        nh, nkv, hd = cfg.attn_shape(sliding)
+        h = cfg.hidden_size
+        self.spec = AttnLayerSpec(
+            layer_id=layer_id,
+            sliding=sliding,
+            num_heads=nh,
+            num_kv_heads=nkv,
+            head_dim=hd,
+            window=cfg.sliding_window_size if sliding else None,
+            rel_extent=cfg.rel_extent_of(sliding),
+            scaling=1.0 / hd,  # q and k are RMS-normalised per head, hence 1/d, not 1/sqrt(d)
+        )
+        self.d_rel = cfg.d_rel
+        self.log_scaling = None if sliding else cfg.log_scaling_n_floor
+        self.log_alpha = cfg.log_scaling_alpha
+        self.wq_du = nn.Linear(h, nh * hd, bias=False)
+        self.wk_dv = nn.Linear(h, nkv * hd, bias=False)
+        self.wv_dv = nn.Linear(h, nkv * hd, bias=False)
+        self.wr_du = nn.Linear(h, nh * cfg.d_rel, bias=False)
+        self.wo_ud = nn.Linear(nh * hd, h, bias=False)
+        self.q_norm = RMSNorm(hd, cfg.rms_norm_eps)
+        self.k_norm = RMSNorm(hd, cfg.rms_norm_eps)
+        self.rel_logits_proj = RelLogitsProj(cfg.d_rel, self.spec.rel_extent)
+        self.k_sconv = ShortConv(nkv * hd, cfg.conv_kernel_size, layer_id, SCONV_K)
+        self.v_sconv = ShortConv(nkv * hd, cfg.conv_kernel_size, layer_id, SCONV_V)
+
+    def forward(self, x: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
+        s = self.spec
+        t = x.shape[0]
+        q = self.q_norm(self.wq_du(x).view(t, s.num_heads, s.head_dim))
+        k = self.k_norm(self.k_sconv(self.wk_dv(x), batch).view(t, s.num_kv_heads, s.head_dim))
+        v = self.v_sconv(self.wv_dv(x), batch).view(t, s.num_kv_heads, s.head_dim)
+        rel = self.wr_du(x).view(t, s.num_heads, self.d_rel)
+        tau = None
+        if self.log_scaling is not None:
+            # Long-context query scaling of full layers; the bias is scaled by the same factor.
+            tau = log_scaling_tau(batch.positions, self.log_scaling, self.log_alpha)
+            q = (q.float() * tau[:, None, None]).to(q.dtype)
+        o = batch.attn_backend.forward(q, k, v, rel, self.rel_logits_proj.proj, tau, s, batch)
+        return self.wo_ud(o)
+
+
+def log_scaling_tau(positions: torch.Tensor, n_floor: int, alpha: float) -> torch.Tensor:
+    """tau_t = 1 + alpha * log(max(1, (pos_t + 1) / n_floor))."""
+    return 1.0 + alpha * torch.log(((positions + 1).float() / n_floor).clamp(min=1.0))

@@ -1,0 +1,90 @@
+"""The Inkling text model (trunk + MTP depths) over the runtime's ragged batches and paged caches.
+
+Module names mirror the hub tensor names (`model.llm.*`, `model.mtp.*`), so loading is by name.
+Pool layer ids: trunk layer i is i; MTP depth d is num_hidden_layers + d.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from sgl_inkling.model_executor.forward_batch import ForwardBatch
+from sgl_inkling.models.inkling.config import SLIDING, InklingConfig, InklingTextConfig
+from sgl_inkling.models.inkling.decoder_layer import DecoderLayer
+from sgl_inkling.models.inkling.mtp import MTP
+from sgl_inkling.models.inkling.norm import RMSNorm
+
+
+@dataclass
+class ModelOutput:
+    logits: torch.Tensor  # [N, unpadded_vocab] fp32, at batch.logits_indices
+    hidden: torch.Tensor  # [T, H] final-normed hidden of every new token (MTP depth 0 input)
+
+
+class InklingLLM(nn.Module):
+    def __init__(self, cfg: InklingTextConfig):
+        super().__init__()
+        self.embed = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.embed_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.layers = nn.ModuleList(
+            DecoderLayer(cfg, i, cfg.layer_types[i] == SLIDING, cfg.mlp_layer_types[i])
+            for i in range(cfg.num_hidden_layers)
+        )
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.unembed = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+
+
+class InklingModel(nn.Module):
+    def __init__(self, cfg: InklingTextConfig):
+        super().__init__()
+        self.llm = InklingLLM(cfg)
+        self.mtp = MTP(cfg) if cfg.mtp is not None else None
+
+
+class InklingForCausalLM(nn.Module):
+    def __init__(self, config: InklingConfig):
+        super().__init__()
+        self.config = config
+        self.cfg = config.text
+        self.model = InklingModel(config.text)
+
+    @property
+    def num_mtp_layers(self) -> int:
+        return self.cfg.mtp.num_layers if self.cfg.mtp is not None else 0
+
+    def attention_layers(self) -> list:
+        """Every attention module, trunk first, with its pool layer id in `.spec`."""
+        blocks = list(self.model.llm.layers)
+        if self.model.mtp is not None:
+            blocks += [m.transformer_block for m in self.model.mtp.layers]
+        return [b.attn for b in blocks]
+
+    def logits(self, normed_hidden: torch.Tensor) -> torch.Tensor:
+        """LM head on final-normed hidden states: divide by the muP width multiplier, slice the padding."""
+        h = normed_hidden / self.cfg.logits_mup_width_multiplier
+        return self.model.llm.unembed(h).float()[:, : self.cfg.unpadded_vocab_size]
+
+    @torch.no_grad()
+    def forward(self, batch: ForwardBatch) -> ModelOutput:
+        llm = self.model.llm
+        if batch.input_embeds is not None:
+            h = batch.input_embeds
+        else:
+            h = llm.embed_norm(llm.embed(batch.input_ids))
+        for layer in llm.layers:
+            h = layer(h, batch)
+        h = llm.norm(h)
+        return ModelOutput(logits=self.logits(h[batch.logits_indices]), hidden=h)
+
+    @torch.no_grad()
+    def forward_mtp(self, depth: int, prev_hidden: torch.Tensor, batch: ForwardBatch) -> ModelOutput:
+        """One MTP depth. Token t of the batch pairs the previous depth's hidden at t with
+        `batch.input_ids[t]`, the token that follows t; positions are those of the hidden states."""
+        h = self.model.mtp.layers[depth](prev_hidden, self.model.llm.embed(batch.input_ids), batch)
+        if self.model.mtp.chain_norm is not None:
+            h = self.model.mtp.chain_norm(h)
+        logits = self.logits(self.model.llm.norm(h[batch.logits_indices]))
+        return ModelOutput(logits=logits, hidden=h)

@@ -1,0 +1,98 @@
+"""Feed-forward blocks: the dense SwiGLU MLP and the MoE with expert sinks (reference torch path).
+
+Checkpoint layout keeps gate/up rows interleaved (row 2i gate, 2i+1 up); we split on the fly.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from sgl_inkling.models.inkling.config import InklingTextConfig
+
+
+def swiglu_interleaved(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor) -> torch.Tensor:
+    gu = F.linear(x, w13).unflatten(-1, (-1, 2))
+    return F.linear(F.silu(gu[..., 0]) * gu[..., 1], w2)
+
+
+class DenseMLP(nn.Module):
+    def __init__(self, hidden: int, intermediate: int):
+        super().__init__()
+        self.w13_dn = nn.Linear(hidden, 2 * intermediate, bias=False)
+        self.w2_md = nn.Linear(intermediate, hidden, bias=False)
+        self.global_scale = nn.Parameter(torch.ones(1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return swiglu_interleaved(x, self.w13_dn.weight, self.w2_md.weight) * self.global_scale
+
+
+class Router(nn.Module):
+    """Sigmoid router over routed + shared ("sink") experts, in fp32."""
+
+    def __init__(self, cfg: InklingTextConfig):
+        super().__init__()
+        self.n_routed = cfg.n_routed_experts
+        self.top_k = cfg.num_experts_per_tok
+        self.route_scale = cfg.route_scale
+        self.weight = nn.Parameter(torch.zeros(cfg.n_routed_experts + cfg.n_shared_experts, cfg.hidden_size))
+        self.bias = nn.Parameter(torch.zeros(cfg.n_routed_experts, dtype=torch.float32))
+        self.global_scale = nn.Parameter(torch.ones(1, dtype=torch.float32))
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Return (top-k expert ids [T, k], their weights [T, k], shared-expert weights [T, S])."""
+        logits = F.linear(x.float(), self.weight.float())
+        routed = logits[:, : self.n_routed]
+        # The bias steers selection only; weights come from the raw logits.
+        ids = torch.topk(routed.sigmoid() + self.bias.float(), self.top_k, dim=-1, sorted=False).indices
+        chosen = torch.cat([routed.gather(-1, ids), logits[:, self.n_routed :]], dim=-1)
+        # sigmoid(l_a) / sum sigmoid(l_a'), as a softmax of log-sigmoids: shared experts soak up mass.
+        weights = torch.softmax(F.logsigmoid(chosen), dim=-1) * (self.route_scale * self.global_scale.float())
+        weights = weights.to(x.dtype)
+        return ids, weights[:, : self.top_k], weights[:, self.top_k :]
+
+
+class RoutedExperts(nn.Module):
+    def __init__(self, cfg: InklingTextConfig):
+        super().__init__()
+        e, i, h = cfg.n_routed_experts, cfg.moe_intermediate_size, cfg.hidden_size
+        self.w13_weight = nn.Parameter(torch.zeros(e, 2 * i, h))
+        self.w2_weight = nn.Parameter(torch.zeros(e, h, i))
+
+    def forward(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        out = torch.zeros_like(x)
+        # Loop over the experts actually hit: the reference path, exact and simple.
+        for e in torch.unique(ids).tolist():
+            tok, slot = torch.where(ids == e)
+            y = swiglu_interleaved(x[tok], self.w13_weight[e], self.w2_weight[e])
+            out.index_add_(0, tok, (y * weights[tok, slot, None]).to(out.dtype))
+        return out
+
+
+class SharedExperts(nn.Module):
+    def __init__(self, cfg: InklingTextConfig):
+        super().__init__()
+        s, i, h = cfg.n_shared_experts, cfg.moe_intermediate_size, cfg.hidden_size
+        self.shared_w13_weight = nn.Parameter(torch.zeros(s, 2 * i, h))
+        self.shared_w2_weight = nn.Parameter(torch.zeros(s, h, i))
+
+    def forward(self, x: torch.Tensor, gammas: torch.Tensor) -> torch.Tensor:
+        acc = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
+        for s in range(self.shared_w13_weight.shape[0]):
+            gu = F.linear(x, self.shared_w13_weight[s]).unflatten(-1, (-1, 2))
+            act = F.silu(gu[..., 0]) * gu[..., 1] * gammas[:, s, None]
+            acc += F.linear(act, self.shared_w2_weight[s]).float()
+        return acc.to(x.dtype)
+
+
+class MoE(nn.Module):
+    def __init__(self, cfg: InklingTextConfig):
+        super().__init__()
+        self.gate = Router(cfg)
+        self.experts = RoutedExperts(cfg)
+        self.shared_experts = SharedExperts(cfg)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        ids, weights, gammas = self.gate(x)
+        return self.experts(x, ids, weights) + self.shared_experts(x, gammas)

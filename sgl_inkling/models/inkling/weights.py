@@ -1,0 +1,107 @@
+"""Load hub-format safetensors (single file or sharded) into the model by hub tensor name."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from torch import nn
+from tqdm import tqdm
+
+logger = logging.getLogger(__name__)
+
+# Towers served by the multimodal path; the text model skips them.
+_SKIPPED_PREFIXES = ("model.visual.", "model.audio.")
+# Extra tensors of quantized checkpoints (e.g. NVFP4 routed experts) that this loader does not handle.
+_QUANT_SUFFIXES = (".scale", ".scale2", ".input_amax", "_scale", "_scale_2", "_input_scale")
+
+
+class WeightLoadError(ValueError):
+    """A checkpoint whose tensors do not match the model: names the tensor."""
+
+
+def checkpoint_files(path: Path) -> list[Path]:
+    index = path / "model.safetensors.index.json"
+    if index.exists():
+        weight_map = json.loads(index.read_text()).get("weight_map")
+        if not isinstance(weight_map, dict) or not weight_map:
+            raise WeightLoadError(f"{index} has no weight_map")
+        files = sorted({path / f for f in weight_map.values()})
+        for f in files:
+            if not f.exists():
+                raise WeightLoadError(f"{index} names shard {f.name}, which is missing")
+        return files
+    single = path / "model.safetensors"
+    if single.exists():
+        return [single]
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise WeightLoadError(f"no *.safetensors files in {path}")
+    return files
+
+
+def load_safetensors(model: nn.Module, path: str | Path, progress: bool = True) -> None:
+    """Copy every hub tensor into the parameter of the same name; shapes and presence are checked."""
+    path = Path(path)
+    params = dict(model.named_parameters())
+    loaded: set[str] = set()
+    files = checkpoint_files(path)
+    names_per_file = []
+    for f in files:
+        with safe_open(f, framework="pt", device="cpu") as sf:
+            names_per_file.append(list(sf.keys()))
+    total = sum(len(n) for n in names_per_file)
+    bar = tqdm(total=total, desc="Loading safetensors", unit="tensor", disable=not progress)
+    skipped = 0
+    for f, names in zip(files, names_per_file):
+        with safe_open(f, framework="pt", device="cpu") as sf:
+            for name in names:
+                bar.update(1)
+                if name.startswith(_SKIPPED_PREFIXES):
+                    skipped += 1
+                    continue
+                param = params.get(name)
+                if param is None:
+                    if name.endswith(_QUANT_SUFFIXES):
+                        raise WeightLoadError(
+                            f"tensor {name!r} ({f.name}): quantized checkpoints are not supported"
+                        )
+                    raise WeightLoadError(
+                        f"unexpected tensor {name!r} in {f.name}: the model has no such weight"
+                    )
+                tensor = sf.get_tensor(name)
+                if tuple(tensor.shape) != tuple(param.shape):
+                    raise WeightLoadError(
+                        f"tensor {name!r} in {f.name} has shape {list(tensor.shape)}, "
+                        f"expected {list(param.shape)}"
+                    )
+                with torch.no_grad():
+                    param.copy_(tensor)
+                loaded.add(name)
+    bar.close()
+    missing = sorted(set(params) - loaded)
+    if missing:
+        more = f" (and {len(missing) - 5} more)" if len(missing) > 5 else ""
+        raise WeightLoadError(f"checkpoint {path} is missing tensor(s) {', '.join(missing[:5])}{more}")
+    if skipped:
+        logger.info("skipped %d vision/audio tower tensors (text-only model)", skipped)
+
+
+def init_dummy_weights(model: nn.Module, seed: int = 0) -> None:
+    """Random weights in place on the model's device (`--load-format dummy`): no file, no host copy."""
+    gen = None
+    for name, p in model.named_parameters():
+        if gen is None or gen.device != p.device:
+            gen = torch.Generator(device=p.device).manual_seed(seed)
+        with torch.no_grad():
+            if name.endswith(("norm.weight", "global_scale")):
+                p.fill_(1.0)
+            elif name.endswith("gate.bias"):
+                p.zero_()
+            elif "sconv" in name:
+                p.normal_(0.0, 0.1, generator=gen)
+            else:
+                p.normal_(0.0, 0.02, generator=gen)
