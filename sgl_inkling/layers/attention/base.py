@@ -40,7 +40,8 @@ class AttentionBackend(ABC):
         return self.full_pool, self.req_to_token.full
 
     def init_forward_metadata(self, batch: ForwardBatch) -> None:
-        """Precompute per-batch index tensors once, before the layers run."""
+        """Precompute per-batch index tensors once, before the layers run (none needed by default)."""
+        return None
 
     @abstractmethod
     def forward(
