@@ -1,0 +1,227 @@
+"""Server configuration: SGLang's flag names, one dataclass, validation before anything loads.
+
+Only flags for features that exist are accepted; an unknown flag is an error rather than being
+ignored, so a user who relies on an SGLang feature we lack learns it at start-up, not in production.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from dataclasses import dataclass
+
+import torch
+
+from sgl_inkling.models.inkling.tiny import TINY_NAME
+
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+DEVICES = ("auto", "cpu", "cuda")
+LOAD_FORMATS = ("auto", "safetensors", "dummy")
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+ATTENTION_BACKENDS = ("torch_native",)
+SCHEDULE_POLICIES = ("fcfs", "lpm")
+PARSERS = ("inkling",)
+
+_TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class ServerArgsError(ValueError):
+    """An invalid flag value or combination; the message names the flag."""
+
+
+@dataclass
+class ServerArgs:
+    # Model and tokenizer
+    model_path: str | None = None  # None: the embedded inkling-tiny
+    tokenizer_path: str | None = None  # None: the model's directory
+    load_format: str = "auto"
+    trust_remote_code: bool = False  # accepted for SGLang compatibility; nothing remote is ever run
+    served_model_name: str | None = None
+    context_length: int | None = None  # None: the model's max_position_embeddings
+    dtype: str = "auto"
+    device: str = "auto"
+    # HTTP
+    host: str = "127.0.0.1"
+    port: int = 30000
+    api_key: str | None = None
+    max_payload_bytes: int = 8 * 1024 * 1024
+    skip_server_warmup: bool = False
+    # Memory and scheduling
+    mem_fraction_static: float | None = None  # None: 0.85 on cuda
+    max_running_requests: int | None = None
+    max_total_tokens: int | None = None
+    chunked_prefill_size: int | None = None  # None: 8192 on cuda, 512 on cpu; -1: no chunking
+    max_prefill_tokens: int = 16384
+    schedule_policy: str = "fcfs"
+    disable_radix_cache: bool = False
+    stream_interval: int = 1
+    # Parallelism and kernels
+    tp_size: int = 1
+    attention_backend: str = "torch_native"
+    # Chat parsing
+    reasoning_parser: str | None = None
+    tool_call_parser: str | None = None
+    # Misc
+    random_seed: int | None = None
+    log_level: str = "info"
+    enable_metrics: bool = False
+    watchdog_timeout: float = 300.0
+
+    def __post_init__(self) -> None:
+        if self.served_model_name is None:
+            self.served_model_name = self.model_path if self.model_path is not None else TINY_NAME
+
+    @staticmethod
+    def add_cli_args(parser: argparse.ArgumentParser) -> None:
+        d = ServerArgs  # class attributes hold the dataclass defaults
+        g = parser.add_argument_group("model")
+        g.add_argument("--model-path", "--model", dest="model_path", default=d.model_path,
+                       help=f"Local checkpoint directory or Hugging Face repo id (read from the local cache "
+                            f"only; nothing is downloaded). Default: the embedded {TINY_NAME}.")
+        g.add_argument("--tokenizer-path", default=d.tokenizer_path, help="Default: the model path.")
+        g.add_argument("--load-format", choices=LOAD_FORMATS, default=d.load_format,
+                       help="'dummy' initialises random weights on the device (benchmarks without a checkpoint).")
+        g.add_argument("--trust-remote-code", action="store_true",
+                       help="Accepted and ignored, for SGLang compatibility: Inkling's code is built in.")
+        g.add_argument("--served-model-name", default=d.served_model_name,
+                       help="Model name reported by the API. Default: the --model-path value as given.")
+        g.add_argument("--context-length", type=int, default=d.context_length,
+                       help="Default: the model's max_position_embeddings.")
+        g.add_argument("--dtype", choices=DTYPES, default=d.dtype,
+                       help="auto: bfloat16 on cuda, float32 on cpu.")
+        g.add_argument("--device", choices=DEVICES, default=d.device, help="auto: cuda when available.")
+
+        g = parser.add_argument_group("http")
+        g.add_argument("--host", default=d.host)
+        g.add_argument("--port", type=int, default=d.port)
+        g.add_argument("--api-key", default=d.api_key, help="Require this bearer token on every request.")
+        g.add_argument("--max-payload-bytes", type=int, default=d.max_payload_bytes,
+                       help="Larger request bodies are rejected with 413.")
+        g.add_argument("--skip-server-warmup", action="store_true")
+
+        g = parser.add_argument_group("memory and scheduling")
+        g.add_argument("--mem-fraction-static", type=float, default=d.mem_fraction_static,
+                       help="Fraction of GPU memory for weights and KV cache, in (0, 1). Default 0.85 on cuda.")
+        g.add_argument("--max-running-requests", type=int, default=d.max_running_requests)
+        g.add_argument("--max-total-tokens", type=int, default=d.max_total_tokens,
+                       help="KV cache capacity in tokens. Default: derived from memory.")
+        g.add_argument("--chunked-prefill-size", type=int, default=d.chunked_prefill_size,
+                       help="Tokens per prefill chunk; -1 disables chunking. Default 8192 on cuda, 512 on cpu.")
+        g.add_argument("--max-prefill-tokens", type=int, default=d.max_prefill_tokens,
+                       help="Most tokens in one prefill batch.")
+        g.add_argument("--schedule-policy", choices=SCHEDULE_POLICIES, default=d.schedule_policy,
+                       help="fcfs: arrival order; lpm: longest cached prefix first.")
+        g.add_argument("--disable-radix-cache", action="store_true")
+        g.add_argument("--stream-interval", type=int, default=d.stream_interval,
+                       help="Decode steps between streamed chunks.")
+
+        g = parser.add_argument_group("parallelism and kernels")
+        g.add_argument("--tp-size", "--tp", "--tensor-parallel-size", dest="tp_size", type=int, default=d.tp_size)
+        g.add_argument("--attention-backend", choices=ATTENTION_BACKENDS, default=d.attention_backend)
+
+        g = parser.add_argument_group("chat parsing")
+        g.add_argument("--reasoning-parser", choices=PARSERS, default=d.reasoning_parser)
+        g.add_argument("--tool-call-parser", choices=PARSERS, default=d.tool_call_parser)
+
+        g = parser.add_argument_group("misc")
+        g.add_argument("--random-seed", type=int, default=d.random_seed)
+        g.add_argument("--log-level", choices=LOG_LEVELS, default=d.log_level)
+        g.add_argument("--enable-metrics", action="store_true", help="Serve Prometheus metrics at /metrics.")
+        g.add_argument("--watchdog-timeout", type=float, default=d.watchdog_timeout,
+                       help="Seconds a scheduler step may take before the server is declared hung.")
+
+    @classmethod
+    def from_cli_args(cls, args: argparse.Namespace) -> ServerArgs:
+        return cls(**{f.name: getattr(args, f.name) for f in dataclasses.fields(cls)})
+
+    def resolved_device(self) -> str:
+        if self.device == "auto":
+            return "cuda" if torch.cuda.is_available() else "cpu"
+        return self.device
+
+    def resolved_dtype(self) -> torch.dtype:
+        if self.dtype == "auto":
+            return torch.bfloat16 if self.resolved_device() == "cuda" else torch.float32
+        return _TORCH_DTYPES[self.dtype]
+
+    def check(self) -> None:
+        """Validate, then fill the device-dependent defaults (so later code sees concrete numbers)."""
+
+        def fail(flag: str, why: str) -> None:
+            raise ServerArgsError(f"{flag}: {why}")
+
+        def choice(flag: str, value: str | None, allowed: tuple[str, ...], optional: bool = False) -> None:
+            if not (value in allowed or (optional and value is None)):
+                fail(flag, f"{value!r} is not one of {', '.join(allowed)}")
+
+        # Choices are re-checked here because ServerArgs is also built directly (sglang.Engine kwargs).
+        choice("--dtype", self.dtype, DTYPES)
+        choice("--device", self.device, DEVICES)
+        choice("--load-format", self.load_format, LOAD_FORMATS)
+        choice("--log-level", self.log_level, LOG_LEVELS)
+        choice("--attention-backend", self.attention_backend, ATTENTION_BACKENDS)
+        choice("--schedule-policy", self.schedule_policy, SCHEDULE_POLICIES)
+        choice("--reasoning-parser", self.reasoning_parser, PARSERS, optional=True)
+        choice("--tool-call-parser", self.tool_call_parser, PARSERS, optional=True)
+
+        if self.device == "cuda" and not torch.cuda.is_available():
+            fail("--device", "cuda was requested but torch sees no CUDA device (use --device cpu or auto)")
+        if self.dtype == "float16":
+            fail("--dtype", "float16 is not supported: Inkling is trained in bfloat16 and its activations "
+                            "can exceed float16's range; use bfloat16 (or float32)")
+        if not 1 <= self.port <= 65535:
+            fail("--port", f"{self.port} is outside 1..65535")
+        if self.tp_size < 1:
+            fail("--tp-size", f"must be >= 1, got {self.tp_size}")
+        if self.tp_size != 1:
+            fail("--tp-size", f"tensor parallelism is not available yet (got {self.tp_size}); use --tp-size 1")
+        if self.mem_fraction_static is not None and not 0.0 < self.mem_fraction_static < 1.0:
+            fail("--mem-fraction-static", f"must be in (0, 1), got {self.mem_fraction_static}")
+        if self.context_length is not None and self.context_length < 1:
+            fail("--context-length", f"must be >= 1, got {self.context_length}")
+        for flag, value in (
+            ("--max-running-requests", self.max_running_requests),
+            ("--max-total-tokens", self.max_total_tokens),
+            ("--max-prefill-tokens", self.max_prefill_tokens),
+            ("--stream-interval", self.stream_interval),
+            ("--max-payload-bytes", self.max_payload_bytes),
+            ("--watchdog-timeout", self.watchdog_timeout),
+        ):
+            if value is not None and value <= 0:
+                fail(flag, f"must be positive, got {value}")
+        if self.chunked_prefill_size is not None and (
+            self.chunked_prefill_size == 0 or self.chunked_prefill_size < -1
+        ):
+            fail("--chunked-prefill-size", f"must be positive or -1 (no chunking), got {self.chunked_prefill_size}")
+
+        on_cuda = self.resolved_device() == "cuda"
+        if self.chunked_prefill_size is None:
+            self.chunked_prefill_size = 8192 if on_cuda else 512
+        if self.mem_fraction_static is None and on_cuda:
+            self.mem_fraction_static = 0.85
+        # A chunk is prefilled in one batch, so a chunk larger than the batch budget could never run.
+        if self.chunked_prefill_size != -1 and self.max_prefill_tokens < self.chunked_prefill_size:
+            fail("--max-prefill-tokens", f"{self.max_prefill_tokens} is smaller than --chunked-prefill-size "
+                                         f"{self.chunked_prefill_size}; raise it or lower the chunk size")
+
+
+def make_parser() -> argparse.ArgumentParser:
+    # allow_abbrev off: `--model` must never silently resolve to some other `--model-*` flag.
+    parser = argparse.ArgumentParser(
+        prog="python -m sglang.launch_server",
+        description="Serve TML Inkling with an SGLang-compatible HTTP API.",
+        allow_abbrev=False,
+    )
+    ServerArgs.add_cli_args(parser)
+    return parser
+
+
+def parse_server_args(argv: list[str]) -> ServerArgs:
+    """Parse and validate; on bad input print the error and exit with status 2, as argparse does."""
+    parser = make_parser()
+    args = ServerArgs.from_cli_args(parser.parse_args(argv))
+    try:
+        args.check()
+    except ServerArgsError as e:
+        parser.error(str(e))
+    return args
