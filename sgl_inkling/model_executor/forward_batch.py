@@ -59,21 +59,26 @@ class ForwardBatch:
         out_loc_swa: list[int],
         device: torch.device | str,
         all_logits: bool = False,
+        logits_counts: list[int] | None = None,
     ) -> ForwardBatch:
-        """Assemble a batch from per-sequence host lists (new tokens of each sequence)."""
+        """Assemble a batch from per-sequence host lists (new tokens of each sequence).
+
+        Each sequence yields logits for its last `logits_counts[i]` new tokens (default 1; all of
+        them with `all_logits`), in order.
+        """
         extend_lens = [len(x) for x in input_ids]
         if mode is ForwardMode.DECODE and any(n != 1 for n in extend_lens):
             raise ValueError("decode batches carry exactly one new token per sequence")
         flat = [t for seq in input_ids for t in seq]
         positions = [p + j for p, n in zip(prefix_lens, extend_lens) for j in range(n)]
         if all_logits:
-            logits_indices = list(range(len(flat)))
-        else:
-            ends, acc = [], 0
-            for n in extend_lens:
-                acc += n
-                ends.append(acc - 1)
-            logits_indices = ends
+            logits_counts = extend_lens
+        elif logits_counts is None:
+            logits_counts = [1] * len(extend_lens)
+        logits_indices, acc = [], 0
+        for n, k in zip(extend_lens, logits_counts):
+            acc += n
+            logits_indices.extend(range(acc - k, acc))
 
         def t(x: list[int]) -> torch.Tensor:
             return torch.tensor(x, dtype=torch.int64, device=device)

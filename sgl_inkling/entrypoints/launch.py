@@ -1,0 +1,45 @@
+"""`python -m sglang.launch_server`: resolve the model, start the backend processes, serve HTTP."""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+import uvicorn
+
+from sgl_inkling.entrypoints.http_server import create_app
+from sgl_inkling.entrypoints.subprocesses import start_backend
+from sgl_inkling.managers.subprocess_utils import configure_logging
+from sgl_inkling.managers.tokenizer_manager import TokenizerManager
+from sgl_inkling.model_resolution import ModelNotFoundError, resolve_model_path
+
+logger = logging.getLogger("sglang.launch_server")
+
+
+def launch_server(server_args) -> None:
+    configure_logging(server_args.log_level)
+    try:
+        model_path = resolve_model_path(server_args.model_path)
+    except (ModelNotFoundError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(1)
+    logger.info("loading %s from %s", server_args.served_model_name, model_path)
+    try:
+        backend = start_backend(server_args, str(model_path))
+    except RuntimeError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(1)
+    backend.info["model_path"] = str(model_path)
+    tm = TokenizerManager(server_args, backend.info, backend.addrs["scheduler"], backend.addrs["tokenizer"])
+    app = create_app(tm, backend, server_args)
+    config = uvicorn.Config(
+        app,
+        host=server_args.host,
+        port=server_args.port,
+        log_level=server_args.log_level,
+        timeout_graceful_shutdown=30,  # SIGTERM: stop accepting, let in-flight requests finish
+    )
+    try:
+        uvicorn.Server(config).run()
+    finally:
+        backend.shutdown()

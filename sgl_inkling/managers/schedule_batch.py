@@ -1,0 +1,77 @@
+"""A request as the scheduler tracks it between arrival and finish."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from sgl_inkling.managers.io_struct import TokenizedGenerateReq
+
+
+@dataclass(eq=False)  # identity semantics: requests are hashed and compared by object
+class Req:
+    rid: str
+    origin_input_ids: list[int]
+    sampling_params: Any
+    stop_token_ids: set[int]
+    return_logprob: bool = False
+    logprob_start_len: int = -1
+    top_logprobs_num: int = 0
+    output_ids: list[int] = field(default_factory=list)
+    row: int | None = None  # req-to-token row and short-conv slot while it holds memory
+    kv_len: int = 0  # tokens of fill_ids whose KV and conv state are in the caches
+    swa_released: int = 0  # sliding-window slots of positions below this were freed
+    cached_tokens: int = 0
+    finished_reason: dict | None = None
+    stop_str: str | None = None
+    # Pending output for the next BatchTokenOut.
+    new_tokens: list[int] = field(default_factory=list)
+    new_logprobs: list[tuple[float, int]] = field(default_factory=list)
+    new_top_logprobs: list[list[tuple[float, int]]] = field(default_factory=list)
+    input_logprobs: list[tuple[float | None, int]] | None = None
+    num_retractions: int = 0
+
+    @classmethod
+    def from_tokenized(cls, r: TokenizedGenerateReq) -> Req:
+        return cls(
+            rid=r.rid,
+            origin_input_ids=list(r.input_ids),
+            sampling_params=r.sampling_params,
+            stop_token_ids=set(r.stop_token_ids),
+            return_logprob=r.return_logprob,
+            logprob_start_len=r.logprob_start_len,
+            top_logprobs_num=r.top_logprobs_num,
+        )
+
+    @property
+    def fill_ids(self) -> list[int]:
+        return self.origin_input_ids + self.output_ids
+
+    @property
+    def finished(self) -> bool:
+        return self.finished_reason is not None
+
+    @property
+    def wants_input_logprobs(self) -> bool:
+        return self.return_logprob and self.logprob_start_len >= 0 and self.input_logprobs is None
+
+    def check_finished(self, tokenizer) -> None:
+        """Set finished_reason after a new token: stop ids, length, stop strings."""
+        sp = self.sampling_params
+        last = self.output_ids[-1]
+        if not sp.ignore_eos and last in self.stop_token_ids:
+            self.finished_reason = {"type": "stop", "matched": last}
+        elif sp.stop_token_ids and last in sp.stop_token_ids:
+            self.finished_reason = {"type": "stop", "matched": last}
+        elif len(self.output_ids) >= sp.max_new_tokens:
+            self.finished_reason = {"type": "length", "length": sp.max_new_tokens}
+        elif sp.stop:
+            stops = [sp.stop] if isinstance(sp.stop, str) else list(sp.stop)
+            tail_len = max(len(s) for s in stops) + 8
+            # A stop string spans at most its length in tokens; decode that tail only.
+            tail = tokenizer.decode(self.output_ids[-tail_len:])
+            for s in stops:
+                if s and s in tail:
+                    self.finished_reason = {"type": "stop", "matched": s}
+                    self.stop_str = s
+                    break

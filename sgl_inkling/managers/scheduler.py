@@ -1,0 +1,341 @@
+"""The scheduler process: continuous batching with chunked prefill, admission by memory, retraction.
+
+It receives TokenizedGenerateReq from the tokenizer manager, runs the model through the ModelRunner
+and sends BatchTokenOut to the detokenizer (control replies take the same route).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+
+import torch
+import zmq
+
+from sgl_inkling.managers import io_struct as io
+from sgl_inkling.managers.schedule_batch import Req
+from sgl_inkling.managers.scheduler_memory import size_pools
+from sgl_inkling.mem_cache.req_kv import ReqKVManager
+from sgl_inkling.model_executor.forward_batch import ForwardBatch, ForwardMode
+from sgl_inkling.model_executor.model_loader import load_model
+from sgl_inkling.model_executor.model_runner import ModelRunner
+from sgl_inkling.sampling.sampler import Sampler
+from sgl_inkling.sampling.sampling_batch_info import SamplingBatchInfo
+
+logger = logging.getLogger(__name__)
+
+
+class Scheduler:
+    def __init__(self, server_args, model_path: str, recv_addr: str, send_addr: str):
+        self.args = server_args
+        from sgl_inkling.chat.tokenizer import get_tokenizer
+
+        self.tokenizer = get_tokenizer(server_args.tokenizer_path)
+        device, dtype = server_args.resolved_device(), server_args.resolved_dtype()
+        model = load_model(model_path, dtype, device, server_args.load_format)
+        cfg = model.cfg
+        self.context_len = server_args.context_length or cfg.max_position_embeddings
+        sizes = size_pools(model, server_args, self.context_len)
+        self.runner = ModelRunner(
+            model,
+            sizes.max_running_requests,
+            self.context_len + 8,
+            sizes.max_total_tokens,
+            sizes.max_swa_tokens,
+            server_args.attention_backend,
+        )
+        self.sizes = sizes
+        self.vocab = cfg.unpadded_vocab_size
+        self.kv = ReqKVManager(self.runner, cfg.sliding_window_size)
+        self.sampler = Sampler(server_args.random_seed, return_original_logprob=True)
+        chunk = server_args.chunked_prefill_size
+        self.chunk_budget = chunk if chunk and chunk > 0 else server_args.max_prefill_tokens
+        self.waiting: deque[Req] = deque()
+        self.running: list[Req] = []
+        self.chunked: Req | None = None
+        self.outbox: list[Req] = []
+        self.num_retracted = 0
+        self.num_finished = 0
+
+        ctx = zmq.Context.instance()
+        self.recv_sock = ctx.socket(zmq.PULL)
+        self.recv_sock.bind(recv_addr)
+        self.send_sock = ctx.socket(zmq.PUSH)
+        self.send_sock.connect(send_addr)
+
+    def ready_info(self) -> dict:
+        return {
+            "max_total_num_tokens": self.sizes.max_total_tokens,
+            "max_swa_tokens": self.sizes.max_swa_tokens,
+            "max_running_requests": self.sizes.max_running_requests,
+            "context_len": self.context_len,
+            "vocab_size": self.vocab,
+            "device": str(self.runner.device),
+            "dtype": str(self.runner.dtype).replace("torch.", ""),
+        }
+
+    # ---------------------------------------------------------------- loop
+
+    def event_loop(self) -> None:
+        while True:
+            self.recv_requests(block=not (self.waiting or self.running or self.chunked))
+            try:
+                self.step()
+            except Exception as e:  # a bug must cost the requests in flight, not the server
+                logger.exception("scheduler step failed; aborting the requests in flight")
+                self.fail_in_flight(f"internal error: {type(e).__name__}: {e}")
+            self.flush_outbox()
+
+    def step(self) -> None:
+        if (self.waiting or self.chunked) and self.run_prefill():
+            return
+        if self.running:
+            self.run_decode()
+
+    def fail_in_flight(self, message: str) -> None:
+        for req in self.running + ([self.chunked] if self.chunked else []):
+            self.finish(req, {"type": "abort", "message": message})
+        self.running, self.chunked = [], None
+
+    def recv_requests(self, block: bool) -> None:
+        flags = 0 if block else zmq.NOBLOCK
+        while True:
+            try:
+                msg = self.recv_sock.recv_pyobj(flags)
+            except zmq.Again:
+                return
+            self.handle(msg)
+            flags = zmq.NOBLOCK
+
+    def handle(self, msg) -> None:
+        if isinstance(msg, io.TokenizedGenerateReq):
+            self.waiting.append(Req.from_tokenized(msg))
+        elif isinstance(msg, io.AbortReq):
+            self.abort(msg.rid)
+        elif isinstance(msg, io.FlushCacheReq):
+            self.send_sock.send_pyobj(io.FlushCacheResp(success=True, message="no prefix cache to flush"))
+        elif isinstance(msg, io.GetInternalStateReq):
+            self.send_sock.send_pyobj(io.InternalState(self.internal_state()))
+        else:
+            logger.warning("scheduler ignored unknown message %r", type(msg))
+
+    def internal_state(self) -> dict:
+        return {
+            **self.kv.stats(),
+            **self.ready_info(),
+            "num_running_reqs": len(self.running) + (self.chunked is not None),
+            "num_waiting_reqs": len(self.waiting),
+            "num_retracted_reqs": self.num_retracted,
+            "num_finished_reqs": self.num_finished,
+        }
+
+    # ---------------------------------------------------------------- prefill
+
+    def run_prefill(self) -> bool:
+        """Admit waiting requests (and continue a chunked one) within the token and memory budget."""
+        budget = self.chunk_budget
+        batch: list[tuple[Req, int, tuple]] = []
+        # Keep one decode slot per running request free so admission never forces a retraction.
+        reserve = len(self.running)
+        for req in ([self.chunked] if self.chunked else []) + list(self.waiting):
+            if budget <= 0:
+                break
+            if req.row is None and not self._fits_at_all(req):
+                self._remove_waiting(req)
+                self.finish(
+                    req, {"type": "abort", "message": "the request needs more KV memory than the server has"}
+                )
+                continue
+            if req.row is None and self.kv.rows.available == 0:
+                break
+            n = min(len(req.fill_ids) - req.kv_len, budget)
+            if not self.kv.can_alloc(n + reserve, n + reserve):
+                break
+            locs = self.kv.alloc(req, n)
+            if locs is None:
+                break
+            self._remove_waiting(req)
+            batch.append((req, n, locs))
+            budget -= n
+            reserve += 1
+        if not batch:
+            return False
+        if self.chunked is batch[0][0]:
+            self.chunked = None  # forward_extend sets it again if the request is still not done
+        self.forward_extend(batch)
+        return True
+
+    def _fits_at_all(self, req: Req) -> bool:
+        return len(req.fill_ids) + 1 <= min(self.kv.full.num_slots, self.kv.swa.num_slots)
+
+    def _remove_waiting(self, req: Req) -> None:
+        try:
+            self.waiting.remove(req)
+        except ValueError:
+            pass
+
+    def forward_extend(self, batch: list[tuple[Req, int, tuple]]) -> None:
+        tokens, counts = [], []
+        for req, n, _ in batch:
+            tokens.append(req.fill_ids[req.kv_len : req.kv_len + n])
+            counts.append(n if req.wants_input_logprobs else 1)
+        fb = ForwardBatch.build(
+            ForwardMode.EXTEND,
+            tokens,
+            [r.row for r, _, _ in batch],
+            [r.kv_len for r, _, _ in batch],
+            torch.cat([loc[0] for _, _, loc in batch]).tolist(),
+            torch.cat([loc[1] for _, _, loc in batch]).tolist(),
+            self.runner.device,
+            logits_counts=counts,
+        )
+        logits = self.runner.forward(fb).logits
+        done, done_logits, offset = [], [], 0
+        for (req, n, _), k in zip(batch, counts):
+            rows = logits[offset : offset + k]
+            offset += k
+            if req.wants_input_logprobs:
+                self._collect_input_logprobs(req, rows, n)
+            req.kv_len += n
+            self.kv.release_window(req)
+            if req.kv_len == len(req.fill_ids):
+                done.append(req)
+                done_logits.append(rows[-1])
+            else:
+                self.chunked = req
+        if done:
+            self.sample_and_advance(done, torch.stack(done_logits))
+            self.running.extend(r for r in done if not r.finished)
+
+    def _collect_input_logprobs(self, req: Req, rows: torch.Tensor, n: int) -> None:
+        """Logprob of each prompt token from logprob_start_len, from the logits one position earlier."""
+        acc = req.__dict__.setdefault("_input_lp", [])
+        prompt = req.origin_input_ids
+        start = req.logprob_start_len
+        if req.kv_len <= start < req.kv_len + n and start == 0:
+            acc.append((None, prompt[0]))
+        lp = torch.log_softmax(rows.float(), dim=-1)
+        for j in range(n):
+            pos = req.kv_len + j  # logits at pos predict token pos + 1
+            nxt = pos + 1
+            if start <= nxt < len(prompt):
+                acc.append((float(lp[j, prompt[nxt]]), prompt[nxt]))
+        if req.kv_len + n >= len(prompt):
+            req.input_logprobs = acc
+
+    # ---------------------------------------------------------------- decode
+
+    def run_decode(self) -> None:
+        while not self.kv.can_alloc(len(self.running), len(self.running)):
+            if len(self.running) == 1:
+                req = self.running.pop()
+                self.finish(req, {"type": "abort", "message": "out of KV memory"})
+                return
+            self.retract_one()
+        reqs = list(self.running)
+        locs = [self.kv.alloc(r, 1) for r in reqs]
+        fb = ForwardBatch.build(
+            ForwardMode.DECODE,
+            [[r.fill_ids[r.kv_len]] for r in reqs],
+            [r.row for r in reqs],
+            [r.kv_len for r in reqs],
+            [int(f) for f, _ in locs],
+            [int(s) for _, s in locs],
+            self.runner.device,
+        )
+        logits = self.runner.forward(fb).logits
+        for r in reqs:
+            r.kv_len += 1
+            self.kv.release_window(r)
+        self.sample_and_advance(reqs, logits)
+        self.running = [r for r in self.running if not r.finished]
+
+    def retract_one(self) -> None:
+        """Free the request that has made the least progress; it is re-prefilled later, not failed."""
+        victim = min(self.running, key=lambda r: (len(r.output_ids), -len(r.origin_input_ids)))
+        self.running.remove(victim)
+        self.kv.free(victim)
+        victim.num_retractions += 1
+        self.num_retracted += 1
+        self.waiting.appendleft(victim)
+        logger.info("retracted request %s to free KV memory", victim.rid)
+
+    # ---------------------------------------------------------------- sampling and output
+
+    def sample_and_advance(self, reqs: list[Req], logits: torch.Tensor) -> None:
+        params = [r.sampling_params for r in reqs]
+        info = SamplingBatchInfo.from_params(
+            params,
+            logits.shape[-1],
+            logits.device,
+            prompt_token_ids=[r.origin_input_ids for r in reqs],
+            output_token_ids=[r.output_ids for r in reqs],
+            eos_token_ids=sorted(set().union(*(r.stop_token_ids for r in reqs))),
+        )
+        want_lp = any(r.return_logprob for r in reqs)
+        out = self.sampler.sample(
+            logits.float().clone(),
+            info,
+            steps=[len(r.output_ids) for r in reqs],
+            return_logprob=want_lp,
+            top_logprobs_nums=[r.top_logprobs_num if r.return_logprob else 0 for r in reqs]
+            if want_lp
+            else None,
+        ).to_host()
+        for i, req in enumerate(reqs):
+            tok = out.next_token_ids[i]
+            req.output_ids.append(tok)
+            req.new_tokens.append(tok)
+            if req.return_logprob:
+                req.new_logprobs.append((out.next_token_logprobs[i], tok))
+                if req.top_logprobs_num > 0:
+                    vals = out.top_logprobs_vals[i][: req.top_logprobs_num]
+                    ids = out.top_logprobs_ids[i][: req.top_logprobs_num]
+                    req.new_top_logprobs.append(list(zip(vals, ids)))
+            req.check_finished(self.tokenizer)
+            if req.finished:
+                self.finish(req, req.finished_reason)
+            else:
+                self.outbox.append(req)
+
+    def finish(self, req: Req, reason: dict) -> None:
+        req.finished_reason = reason
+        self.kv.free(req)
+        self.num_finished += 1
+        self.outbox.append(req)
+
+    def abort(self, rid: str) -> None:
+        pool = list(self.waiting) + self.running + ([self.chunked] if self.chunked else [])
+        for req in pool:
+            if rid and req.rid != rid:
+                continue
+            if req in self.waiting:
+                self.waiting.remove(req)
+            if req in self.running:
+                self.running.remove(req)
+            if req is self.chunked:
+                self.chunked = None
+            self.finish(req, {"type": "abort", "message": "aborted"})
+        self.flush_outbox()
+
+    def flush_outbox(self) -> None:
+        if not self.outbox:
+            return
+        reqs = list(dict.fromkeys(self.outbox))  # a request may be queued twice in one step
+        self.outbox.clear()
+        msg = io.BatchTokenOut(
+            rids=[r.rid for r in reqs],
+            new_token_ids=[r.new_tokens for r in reqs],
+            finished_reasons=[r.finished_reason for r in reqs],
+            prompt_tokens=[len(r.origin_input_ids) for r in reqs],
+            completion_tokens=[len(r.output_ids) for r in reqs],
+            cached_tokens=[r.cached_tokens for r in reqs],
+            skip_special_tokens=[r.sampling_params.skip_special_tokens for r in reqs],
+            output_token_logprobs=[r.new_logprobs if r.return_logprob else None for r in reqs],
+            output_top_logprobs=[r.new_top_logprobs if r.top_logprobs_num else None for r in reqs],
+            input_token_logprobs=[r.input_logprobs if r.finished or r.new_tokens else None for r in reqs],
+            stop_strs=[r.stop_str for r in reqs],
+        )
+        self.send_sock.send_pyobj(msg)
+        for r in reqs:
+            r.new_tokens, r.new_logprobs, r.new_top_logprobs = [], [], []

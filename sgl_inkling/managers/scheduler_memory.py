@@ -1,0 +1,67 @@
+"""How many requests and KV tokens the pools hold, from the flags or the free device memory."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+
+from sgl_inkling.models.inkling.model import InklingForCausalLM
+
+# On the CPU the defaults stay small: tests and demos, not capacity.
+_CPU_MAX_TOKENS = 65536
+_CPU_MAX_RUNNING = 64
+_CUDA_MAX_RUNNING = 256
+
+
+@dataclass(frozen=True)
+class PoolSizes:
+    max_running_requests: int
+    max_total_tokens: int
+    max_swa_tokens: int
+
+
+def kv_bytes_per_token(model: InklingForCausalLM) -> tuple[int, int]:
+    """Bytes of one token's K and V over all full layers, and over all sliding layers."""
+    itemsize = model.model.llm.embed.weight.element_size()
+    full = swa = 0
+    for attn in model.attention_layers():
+        b = 2 * attn.spec.num_kv_heads * attn.spec.head_dim * itemsize
+        if attn.spec.sliding:
+            swa += b
+        else:
+            full += b
+    return full, swa
+
+
+def _free_bytes(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    pages, page = os.sysconf("SC_AVPHYS_PAGES"), os.sysconf("SC_PAGE_SIZE")
+    return pages * page
+
+
+def size_pools(model: InklingForCausalLM, args, context_len: int) -> PoolSizes:
+    device = next(model.parameters()).device
+    on_cuda = device.type == "cuda"
+    running = args.max_running_requests or (_CUDA_MAX_RUNNING if on_cuda else _CPU_MAX_RUNNING)
+    full_b, swa_b = kv_bytes_per_token(model)
+    window = model.cfg.sliding_window_size
+    chunk = args.chunked_prefill_size if args.chunked_prefill_size and args.chunked_prefill_size > 0 else 0
+    chunk = chunk or args.max_prefill_tokens
+    if args.max_total_tokens:
+        total = args.max_total_tokens
+    else:
+        fraction = args.mem_fraction_static or (0.85 if on_cuda else 0.25)
+        # What is left after the weights (already resident) goes to KV; sliding KV is bounded below.
+        budget = int(_free_bytes(device) * fraction)
+        swa_reserve = running * (window + 1) * swa_b
+        total = max(1, (budget - swa_reserve) // max(1, full_b + swa_b))
+        if not on_cuda:
+            total = min(total, _CPU_MAX_TOKENS)
+    # Sliding layers keep at most window tokens per request, plus a prefill chunk in flight.
+    swa = min(total, running * (window + 1) + chunk + window)
+    return PoolSizes(
+        max_running_requests=running, max_total_tokens=total, max_swa_tokens=max(swa, window + 2)
+    )

@@ -1,0 +1,289 @@
+"""The tokenizer manager (HTTP process, asyncio): validates and tokenizes requests, sends them to the
+scheduler and hands each request the text and tokens the detokenizer sends back."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import dataclasses
+import logging
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import zmq
+import zmq.asyncio
+
+from sgl_inkling.managers import io_struct as io
+from sgl_inkling.sampling.sampling_params import SamplingParams, SamplingParamsError
+
+logger = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass
+class ReqState:
+    prompt_tokens: int
+    return_logprob: bool
+    text_in_logprobs: bool
+    created: float = dataclasses.field(default_factory=time.monotonic)
+    text: str = ""
+    output_ids: list[int] = dataclasses.field(default_factory=list)
+    output_logprobs: list = dataclasses.field(default_factory=list)
+    top_logprobs: list = dataclasses.field(default_factory=list)
+    input_logprobs: list | None = None
+    cached_tokens: int = 0
+    finished_reason: dict | None = None
+    stop_str: str | None = None
+    event: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
+
+
+class TokenizerManager:
+    def __init__(self, server_args, info: dict, scheduler_addr: str, detok_out_addr: str):
+        from sgl_inkling.chat.tokenizer import get_tokenizer
+
+        self.server_args = server_args
+        self.info = info
+        self.model_name = server_args.served_model_name
+        self.context_len = info["context_len"]
+        self.vocab_size = info["vocab_size"]
+        self.tokenizer = get_tokenizer(server_args.tokenizer_path)
+        self.reasoning_parser = server_args.reasoning_parser
+        self.tool_call_parser = server_args.tool_call_parser
+        self._scheduler_addr = scheduler_addr
+        self._recv_addr = detok_out_addr
+        self.rid_to_state: dict[str, ReqState] = {}
+        self._control: asyncio.Queue | None = None
+        self._control_lock: asyncio.Lock | None = None
+        self._started = False
+        self.num_requests = 0
+        self.num_errors = 0
+
+    # ---------------------------------------------------------------- plumbing
+
+    async def start(self) -> None:
+        """Open the sockets inside the running event loop (uvicorn's or the Engine's)."""
+        if self._started:
+            return
+        ctx = zmq.asyncio.Context.instance()
+        self.send_sock = ctx.socket(zmq.PUSH)
+        self.send_sock.connect(self._scheduler_addr)
+        self.recv_sock = ctx.socket(zmq.PULL)
+        self.recv_sock.bind(self._recv_addr)
+        self._control = asyncio.Queue()
+        self._control_lock = asyncio.Lock()
+        self._recv_task = asyncio.get_running_loop().create_task(self._recv_loop())
+        self._started = True
+
+    async def _recv_loop(self) -> None:
+        while True:
+            msg = await self.recv_sock.recv_pyobj()
+            if isinstance(msg, io.BatchStrOut):
+                self._dispatch(msg)
+            else:
+                await self._control.put(msg)
+
+    def _dispatch(self, msg: io.BatchStrOut) -> None:
+        t = msg.tokens
+        for i, rid in enumerate(t.rids):
+            st = self.rid_to_state.get(rid)
+            if st is None:
+                continue  # already abandoned by its client
+            st.text += msg.new_texts[i]
+            st.output_ids.extend(t.new_token_ids[i])
+            st.cached_tokens = t.cached_tokens[i]
+            if t.output_token_logprobs[i]:
+                st.output_logprobs.extend(t.output_token_logprobs[i])
+            if t.output_top_logprobs[i]:
+                st.top_logprobs.extend(t.output_top_logprobs[i])
+            if t.input_token_logprobs[i] is not None:
+                st.input_logprobs = t.input_token_logprobs[i]
+            if t.finished_reasons[i] is not None:
+                st.finished_reason = t.finished_reasons[i]
+                st.stop_str = t.stop_strs[i]
+            st.event.set()
+
+    async def _control_call(self, req) -> Any:
+        async with self._control_lock:
+            await self.send_sock.send_pyobj(req)
+            return await asyncio.wait_for(self._control.get(), timeout=60)
+
+    async def get_internal_state(self) -> dict:
+        return (await self._control_call(io.GetInternalStateReq())).state
+
+    async def flush_cache(self) -> io.FlushCacheResp:
+        return await self._control_call(io.FlushCacheReq())
+
+    def abort_request(self, rid: str) -> None:
+        if rid in self.rid_to_state or rid == "":
+            self.send_sock.send_pyobj(io.AbortReq(rid))
+
+    # ---------------------------------------------------------------- requests
+
+    async def generate_request(self, obj: io.GenerateReqInput, request=None) -> AsyncIterator[Any]:
+        """Yield cumulative result dicts (see the OpenAI layer's protocol); raise RequestError if invalid."""
+        self.num_requests += 1
+        if obj.is_batch or self._n(obj) > 1:
+            if obj.stream:
+                raise io.RequestError("streaming is not supported for batch requests or n > 1")
+            items = self._expand(obj)
+            tokenized = [self._tokenize(item) for item in items]  # validate all before sending any
+            results = await asyncio.gather(*(self._run_one(t, item, request) for t, item in tokenized))
+            yield results
+            return
+        tok, item = self._tokenize(obj)
+        if not obj.stream:
+            yield await self._run_one(tok, item, request)
+            return
+        async for out in self._stream_one(tok, item, request):
+            yield out
+
+    def _n(self, obj: io.GenerateReqInput) -> int:
+        sp = obj.sampling_params
+        return int(sp.get("n", 1)) if isinstance(sp, dict) and isinstance(sp.get("n", 1), int) else 1
+
+    def _expand(self, obj: io.GenerateReqInput) -> list[io.GenerateReqInput]:
+        out = []
+        for i in range(obj.batch_size()):
+            item = obj.item(i)
+            n = self._n(item)
+            for _ in range(n):
+                copy_ = copy.copy(item)
+                copy_.sampling_params = {k: v for k, v in (item.sampling_params or {}).items() if k != "n"}
+                copy_.rid = None if n > 1 else item.rid
+                out.append(copy_)
+        return out
+
+    def _tokenize(self, obj: io.GenerateReqInput) -> tuple[io.TokenizedGenerateReq, io.GenerateReqInput]:
+        if (obj.text is None) == (obj.input_ids is None):
+            raise io.RequestError("give exactly one of 'text' or 'input_ids'")
+        if obj.image_data is not None or obj.audio_data is not None:
+            raise io.RequestError("this server does not accept image or audio input yet")
+        if obj.text is not None:
+            if not isinstance(obj.text, str):
+                raise io.RequestError("'text' must be a string or a list of strings")
+            input_ids = self.tokenizer.encode(obj.text)
+        else:
+            input_ids = obj.input_ids
+            if not isinstance(input_ids, list) or not all(
+                isinstance(t, int) and not isinstance(t, bool) for t in input_ids
+            ):
+                raise io.RequestError("'input_ids' must be a list of integers (or a list of such lists)")
+            bad = [t for t in input_ids if not 0 <= t < self.vocab_size]
+            if bad:
+                raise io.RequestError(f"token id {bad[0]} is outside the vocabulary [0, {self.vocab_size})")
+        if not input_ids:
+            raise io.RequestError("the prompt is empty")
+        if len(input_ids) >= self.context_len:
+            raise io.RequestError(
+                f"the prompt has {len(input_ids)} tokens; the context length is {self.context_len}"
+            )
+        sp_dict = obj.sampling_params if obj.sampling_params is not None else {}
+        if not isinstance(sp_dict, dict):
+            raise io.RequestError("'sampling_params' must be an object")
+        try:
+            sp = SamplingParams.from_dict({k: v for k, v in sp_dict.items() if k != "n"})
+            sp.validate(self.context_len - len(input_ids))
+        except SamplingParamsError as e:
+            raise io.RequestError(str(e)) from None
+        if len(input_ids) + sp.max_new_tokens > self.context_len:
+            raise io.RequestError(
+                f"prompt ({len(input_ids)} tokens) + max_new_tokens ({sp.max_new_tokens}) exceeds the "
+                f"context length {self.context_len}"
+            )
+        for name in ("return_logprob",):
+            if not isinstance(getattr(obj, name), bool):
+                raise io.RequestError(f"'{name}' must be a boolean")
+        top_n, start = obj.top_logprobs_num, obj.logprob_start_len
+        if not isinstance(top_n, int) or top_n < 0:
+            raise io.RequestError("'top_logprobs_num' must be a non-negative integer")
+        if not isinstance(start, int) or start >= len(input_ids):
+            raise io.RequestError(
+                f"'logprob_start_len' must be an integer below the prompt length {len(input_ids)}"
+            )
+        rid = obj.rid if isinstance(obj.rid, str) and obj.rid else io.new_rid()
+        if rid in self.rid_to_state:
+            raise io.RequestError(f"request id {rid!r} is already in use")
+        stop_ids = [] if sp.ignore_eos else list(self.tokenizer.eos_token_ids)
+        tok = io.TokenizedGenerateReq(
+            rid=rid,
+            input_ids=list(input_ids),
+            sampling_params=sp,
+            return_logprob=obj.return_logprob or top_n > 0,
+            logprob_start_len=start,
+            top_logprobs_num=top_n,
+            stream=obj.stream,
+            stop_token_ids=stop_ids,
+        )
+        return tok, obj
+
+    def _register(self, tok: io.TokenizedGenerateReq, obj: io.GenerateReqInput) -> ReqState:
+        st = ReqState(
+            prompt_tokens=len(tok.input_ids),
+            return_logprob=tok.return_logprob,
+            text_in_logprobs=obj.return_text_in_logprobs,
+        )
+        self.rid_to_state[tok.rid] = st
+        self.send_sock.send_pyobj(tok)
+        return st
+
+    async def _wait(self, rid: str, st: ReqState, request) -> None:
+        """Wait for news about the request; abort it when the client goes away."""
+        while True:
+            try:
+                await asyncio.wait_for(st.event.wait(), timeout=1.0)
+                st.event.clear()
+                return
+            except asyncio.TimeoutError:
+                if request is not None and await request.is_disconnected():
+                    self.abort_request(rid)
+                    raise asyncio.CancelledError from None
+
+    async def _run_one(self, tok, obj, request) -> dict:
+        st = self._register(tok, obj)
+        try:
+            while st.finished_reason is None:
+                await self._wait(tok.rid, st, request)
+            return self._result(tok.rid, st)
+        finally:
+            self._forget(tok.rid, st)
+
+    async def _stream_one(self, tok, obj, request) -> AsyncIterator[dict]:
+        st = self._register(tok, obj)
+        try:
+            while True:
+                await self._wait(tok.rid, st, request)
+                yield self._result(tok.rid, st)
+                if st.finished_reason is not None:
+                    return
+        finally:
+            self._forget(tok.rid, st)
+
+    def _forget(self, rid: str, st: ReqState) -> None:
+        if st.finished_reason is None:
+            self.abort_request(rid)  # the consumer stopped early (disconnect, cancellation)
+        self.rid_to_state.pop(rid, None)
+
+    def _result(self, rid: str, st: ReqState) -> dict:
+        text = st.text
+        if st.stop_str and st.finished_reason is not None:
+            # Stop strings are not part of the answer (SGLang's default).
+            cut = text.rfind(st.stop_str)
+            if cut >= 0:
+                text = text[:cut]
+        meta: dict[str, Any] = {
+            "id": rid,
+            "prompt_tokens": st.prompt_tokens,
+            "completion_tokens": len(st.output_ids),
+            "cached_tokens": st.cached_tokens,
+            "finish_reason": st.finished_reason,
+            "e2e_latency": time.monotonic() - st.created,
+        }
+        if st.return_logprob:
+            meta["output_token_logprobs"] = [self._lp(v, t, st) for v, t in st.output_logprobs]
+            meta["output_top_logprobs"] = [[self._lp(v, t, st) for v, t in pos] for pos in st.top_logprobs]
+            meta["input_token_logprobs"] = [self._lp(v, t, st) for v, t in (st.input_logprobs or [])]
+        return {"text": text, "output_ids": list(st.output_ids), "meta_info": meta}
+
+    def _lp(self, value, token_id: int, st: ReqState) -> tuple:
+        text = self.tokenizer.decode([token_id]) if st.text_in_logprobs else None
+        return (value, token_id, text)
