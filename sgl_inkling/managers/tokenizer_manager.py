@@ -185,6 +185,8 @@ class TokenizerManager:
             sp.validate(self.context_len - len(input_ids))
         except SamplingParamsError as e:
             raise io.RequestError(str(e)) from None
+        if sp.max_new_tokens is None:
+            sp.max_new_tokens = self.context_len - len(input_ids)  # None: bounded by the context
         if len(input_ids) + sp.max_new_tokens > self.context_len:
             raise io.RequestError(
                 f"prompt ({len(input_ids)} tokens) + max_new_tokens ({sp.max_new_tokens}) exceeds the "
