@@ -44,6 +44,27 @@ async def read_json(request: Request) -> dict:
     return data
 
 
+class GuardMiddleware:
+    """API key and body-size checks as plain ASGI: a BaseHTTPMiddleware would wrap `receive` and hide
+    client disconnects from the endpoints, so aborted requests would keep running."""
+
+    def __init__(self, app, api_key: str | None, max_bytes: int):
+        self.app, self.api_key, self.max_bytes = app, api_key, max_bytes
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        if self.api_key and scope["path"] not in _OPEN_PATHS:
+            if headers.get("authorization", "") != f"Bearer {self.api_key}":
+                resp = error(401, "missing or invalid API key (send 'Authorization: Bearer <key>')")
+                return await resp(scope, receive, send)
+        length = headers.get("content-length", "")
+        if length.isdigit() and int(length) > self.max_bytes:
+            return await error(413, f"the request body exceeds {self.max_bytes} bytes")(scope, receive, send)
+        return await self.app(scope, receive, send)
+
+
 def create_app(tm: TokenizerManager, backend, server_args) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -57,19 +78,7 @@ def create_app(tm: TokenizerManager, backend, server_args) -> FastAPI:
     app.state.tm = tm
     app.include_router(build_openai_router(lambda: tm))
 
-    @app.middleware("http")
-    async def guard(request: Request, call_next):
-        if server_args.api_key and request.url.path not in _OPEN_PATHS:
-            auth = request.headers.get("authorization", "")
-            if auth != f"Bearer {server_args.api_key}":
-                return error(401, "missing or invalid API key (send 'Authorization: Bearer <key>')")
-        length = request.headers.get("content-length")
-        if length is not None and length.isdigit() and int(length) > server_args.max_payload_bytes:
-            return error(413, f"the request body exceeds {server_args.max_payload_bytes} bytes")
-        try:
-            return await call_next(request)
-        except RequestError as e:
-            return error(e.status_code, e.message)
+    app.add_middleware(GuardMiddleware, api_key=server_args.api_key, max_bytes=server_args.max_payload_bytes)
 
     @app.exception_handler(RequestError)
     async def request_error(_: Request, e: RequestError):

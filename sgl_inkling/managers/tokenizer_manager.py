@@ -35,6 +35,7 @@ class ReqState:
     finished_reason: dict | None = None
     stop_str: str | None = None
     event: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
+    last_disconnect_check: float = 0.0
 
 
 class TokenizerManager:
@@ -229,16 +230,23 @@ class TokenizerManager:
         return st
 
     async def _wait(self, rid: str, st: ReqState, request) -> None:
-        """Wait for news about the request; abort it when the client goes away."""
+        """Wait for news about the request; abort it when the client goes away.
+
+        Outputs arrive every step, so the disconnect check runs on a clock, not on idle timeouts.
+        """
         while True:
-            try:
-                await asyncio.wait_for(st.event.wait(), timeout=1.0)
-                st.event.clear()
-                return
-            except asyncio.TimeoutError:
-                if request is not None and await request.is_disconnected():
+            now = time.monotonic()
+            if request is not None and now - st.last_disconnect_check > 0.5:
+                st.last_disconnect_check = now
+                if await request.is_disconnected():
                     self.abort_request(rid)
-                    raise asyncio.CancelledError from None
+                    raise asyncio.CancelledError
+            try:
+                await asyncio.wait_for(st.event.wait(), timeout=0.5)
+            except asyncio.TimeoutError:
+                continue
+            st.event.clear()
+            return
 
     async def _run_one(self, tok, obj, request) -> dict:
         st = self._register(tok, obj)
