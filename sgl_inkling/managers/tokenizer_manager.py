@@ -186,6 +186,9 @@ class TokenizerManager:
             sp.validate(self.context_len - len(input_ids))
         except SamplingParamsError as e:
             raise io.RequestError(str(e)) from None
+        if sp.json_schema is not None or sp.regex is not None or sp.ebnf is not None:
+            # Refuse rather than silently generate unconstrained text.
+            raise io.RequestError("constrained decoding (json_schema, regex, ebnf) is not available yet")
         if sp.max_new_tokens is None:
             sp.max_new_tokens = self.context_len - len(input_ids)  # None: bounded by the context
         if len(input_ids) + sp.max_new_tokens > self.context_len:
