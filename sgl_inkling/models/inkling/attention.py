@@ -6,6 +6,7 @@ import torch
 from torch import nn
 
 from sgl_inkling.layers.attention.base import AttnLayerSpec
+from sgl_inkling.layers.linear import Linear
 from sgl_inkling.mem_cache.memory_pool import SCONV_K, SCONV_V
 from sgl_inkling.model_executor.forward_batch import ForwardBatch
 from sgl_inkling.models.inkling.config import InklingTextConfig
@@ -39,11 +40,11 @@ class InklingAttention(nn.Module):
         self.d_rel = cfg.d_rel
         self.log_scaling = None if sliding else cfg.log_scaling_n_floor
         self.log_alpha = cfg.log_scaling_alpha
-        self.wq_du = nn.Linear(h, nh * hd, bias=False)
-        self.wk_dv = nn.Linear(h, nkv * hd, bias=False)
-        self.wv_dv = nn.Linear(h, nkv * hd, bias=False)
-        self.wr_du = nn.Linear(h, nh * cfg.d_rel, bias=False)
-        self.wo_ud = nn.Linear(nh * hd, h, bias=False)
+        self.wq_du = Linear(h, nh * hd)
+        self.wk_dv = Linear(h, nkv * hd)
+        self.wv_dv = Linear(h, nkv * hd)
+        self.wr_du = Linear(h, nh * cfg.d_rel)
+        self.wo_ud = Linear(nh * hd, h)
         self.q_norm = RMSNorm(hd, cfg.rms_norm_eps)
         self.k_norm = RMSNorm(hd, cfg.rms_norm_eps)
         self.rel_logits_proj = RelLogitsProj(cfg.d_rel, self.spec.rel_extent)

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from sgl_inkling.layers.linear import Linear
 from sgl_inkling.model_executor.forward_batch import ForwardBatch
 from sgl_inkling.models.inkling.config import SLIDING, InklingConfig, InklingTextConfig
 from sgl_inkling.models.inkling.decoder_layer import DecoderLayer
@@ -34,7 +35,7 @@ class InklingLLM(nn.Module):
             for i in range(cfg.num_hidden_layers)
         )
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.unembed = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.unembed = Linear(cfg.hidden_size, cfg.vocab_size)
 
 
 class InklingModel(nn.Module):

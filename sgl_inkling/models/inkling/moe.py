@@ -9,19 +9,20 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from sgl_inkling.layers.linear import Linear, linear
 from sgl_inkling.models.inkling.config import InklingTextConfig
 
 
 def swiglu_interleaved(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor) -> torch.Tensor:
-    gu = F.linear(x, w13).unflatten(-1, (-1, 2))
-    return F.linear(F.silu(gu[..., 0]) * gu[..., 1], w2)
+    gu = linear(x, w13).unflatten(-1, (-1, 2))
+    return linear(F.silu(gu[..., 0]) * gu[..., 1], w2)
 
 
 class DenseMLP(nn.Module):
     def __init__(self, hidden: int, intermediate: int):
         super().__init__()
-        self.w13_dn = nn.Linear(hidden, 2 * intermediate, bias=False)
-        self.w2_md = nn.Linear(intermediate, hidden, bias=False)
+        self.w13_dn = Linear(hidden, 2 * intermediate)
+        self.w2_md = Linear(intermediate, hidden)
         self.global_scale = nn.Parameter(torch.ones(1))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -42,7 +43,7 @@ class Router(nn.Module):
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Return (top-k expert ids [T, k], their weights [T, k], shared-expert weights [T, S])."""
-        logits = F.linear(x.float(), self.weight.float())
+        logits = linear(x.float(), self.weight.float())
         routed = logits[:, : self.n_routed]
         # The bias steers selection only; weights come from the raw logits.
         ids = torch.topk(routed.sigmoid() + self.bias.float(), self.top_k, dim=-1, sorted=False).indices
@@ -80,9 +81,9 @@ class SharedExperts(nn.Module):
     def forward(self, x: torch.Tensor, gammas: torch.Tensor) -> torch.Tensor:
         acc = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
         for s in range(self.shared_w13_weight.shape[0]):
-            gu = F.linear(x, self.shared_w13_weight[s]).unflatten(-1, (-1, 2))
+            gu = linear(x, self.shared_w13_weight[s]).unflatten(-1, (-1, 2))
             act = F.silu(gu[..., 0]) * gu[..., 1] * gammas[:, s, None]
-            acc += F.linear(act, self.shared_w2_weight[s]).float()
+            acc += linear(act, self.shared_w2_weight[s]).float()
         return acc.to(x.dtype)
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from sgl_inkling.layers.linear import Linear
 from sgl_inkling.model_executor.forward_batch import ForwardBatch
 from sgl_inkling.models.inkling.config import DENSE, SLIDING, InklingTextConfig
 from sgl_inkling.models.inkling.decoder_layer import DecoderLayer
@@ -22,7 +23,7 @@ class MTPLayer(nn.Module):
         self.hidden_first = cfg.mtp.hidden_states_first
         self.hidden_norm = RMSNorm(h, cfg.rms_norm_eps)
         self.embed_norm = RMSNorm(h, cfg.rms_norm_eps)
-        self.input_proj = nn.Linear(2 * h, h, bias=False)
+        self.input_proj = Linear(2 * h, h)
         sliding = cfg.mtp.layer_types[depth] == SLIDING
         self.transformer_block = DecoderLayer(cfg, cfg.num_hidden_layers + depth, sliding, DENSE)
 
