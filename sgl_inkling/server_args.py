@@ -18,7 +18,7 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")
 DEVICES = ("auto", "cpu", "cuda")
 LOAD_FORMATS = ("auto", "safetensors", "dummy")
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
-ATTENTION_BACKENDS = ("torch_native",)
+ATTENTION_BACKENDS = ("torch_native", "triton")
 SCHEDULE_POLICIES = ("fcfs", "lpm")
 PARSERS = ("inkling",)
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from sgl_inkling.layers.attention.base import AttentionBackend
@@ -10,7 +12,18 @@ from sgl_inkling.mem_cache.memory_pool import KVLayout, KVPool, ReqToTokenPool, 
 from sgl_inkling.model_executor.forward_batch import ForwardBatch
 from sgl_inkling.models.inkling.model import InklingForCausalLM, ModelOutput
 
-ATTENTION_BACKENDS: dict[str, type[AttentionBackend]] = {"torch_native": TorchNativeBackend}
+
+def _triton_backend(*args) -> AttentionBackend:
+    # Imported on use: the Triton kernels (and Triton itself) are optional on CPU-only installs.
+    from sgl_inkling.layers.attention.triton_backend import TritonBackend
+
+    return TritonBackend(*args)
+
+
+ATTENTION_BACKENDS: dict[str, Callable[..., AttentionBackend]] = {
+    "torch_native": TorchNativeBackend,
+    "triton": _triton_backend,
+}
 
 
 class ModelRunner:

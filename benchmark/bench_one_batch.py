@@ -1,0 +1,337 @@
+"""Static-batch latency through the model runner: prefill time, then decode step time per trunk
+layer and for the LM head, against the memory-bandwidth floor (bytes that must be read / 4.3 TB/s).
+
+    python benchmark/bench_one_batch.py --config slice --batch-size 1 64        # on the H200
+    python benchmark/bench_one_batch.py --config tiny --device cpu --batch-size 1 2   # smoke test
+
+Weights are dummy (initialised on the device). Timing: CUDA events around the forward and at each
+layer boundary (forward hooks), warm-up first, medians over the timed steps. The floor of a layer
+counts its attention weights, norms and short convs, the router, the shared experts, the distinct
+routed experts the batch actually selected in that step, the KV it reads and the conv state it
+reads and writes. Writes one JSON file under benchmark/results/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "kernels")]
+
+from sgl_inkling.model_executor.forward_batch import ForwardBatch, ForwardMode  # noqa: E402
+from sgl_inkling.model_executor.model_loader import build_model  # noqa: E402
+from sgl_inkling.model_executor.model_runner import ModelRunner  # noqa: E402
+from sgl_inkling.models.inkling.config import SLIDING, InklingConfig  # noqa: E402
+from sgl_inkling.models.inkling.moe import MoE  # noqa: E402
+from sgl_inkling.models.inkling.slice_config import (  # noqa: E402
+    NUM_FULL_MODEL_LAYERS,
+    NUM_FULL_MODEL_SLIDING,
+    slice_config,
+)
+from sgl_inkling.models.inkling.tiny import TINY_CONFIG  # noqa: E402
+from sgl_inkling.models.inkling.weights import init_dummy_weights  # noqa: E402
+
+HBM_BYTES_PER_S = 4.3e12  # measured batch-1 bf16 GEMV streaming rate on the H200 (BENCHMARKS.md)
+
+
+class Clock:
+    """CUDA events on the GPU (no sync while recording), perf_counter on the CPU."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+
+    def mark(self):
+        if not self.cuda:
+            return time.perf_counter()
+        e = torch.cuda.Event(enable_timing=True)
+        e.record()
+        return e
+
+    def ms(self, a, b) -> float:
+        return a.elapsed_time(b) if self.cuda else (b - a) * 1e3
+
+    def sync(self) -> None:
+        if self.cuda:
+            torch.cuda.synchronize()
+
+
+class Probe:
+    """Marks every trunk layer's start and end, and keeps each MoE's routing ids (no host sync)."""
+
+    def __init__(self, model, clock: Clock):
+        self.clock = clock
+        self.marks: list[tuple[int, str, object]] = []
+        self.routes: dict[int, torch.Tensor] = {}
+        self.handles = []
+        for i, layer in enumerate(model.model.llm.layers):
+            self.handles.append(layer.register_forward_pre_hook(
+                lambda _m, _a, i=i: self.marks.append((i, "start", clock.mark()))))  # fmt: skip
+            self.handles.append(layer.register_forward_hook(
+                lambda _m, _a, _o, i=i: self.marks.append((i, "end", clock.mark()))))  # fmt: skip
+            if isinstance(layer.mlp, MoE):
+                self.handles.append(layer.mlp.gate.register_forward_hook(
+                    lambda _m, _a, out, i=i: self.routes.__setitem__(i, out[0])))  # fmt: skip
+
+    def reset(self) -> None:
+        self.marks.clear()
+        self.routes.clear()
+
+    def remove(self) -> None:
+        for h in self.handles:
+            h.remove()
+
+
+def nbytes(module_or_tensors) -> int:
+    params = module_or_tensors.parameters() if hasattr(module_or_tensors, "parameters") else module_or_tensors
+    return sum(p.numel() * p.element_size() for p in params)
+
+
+def layer_floor_bytes(layer, cfg, seq_lens: list[int], routed_ids: torch.Tensor | None) -> int:
+    """Bytes one decode step must move through this layer (weights read once per step)."""
+    mlp = layer.mlp
+    total = nbytes(layer) - nbytes(mlp)  # attention, norms, short convs
+    if isinstance(mlp, MoE):
+        total += nbytes(mlp.gate) + nbytes(mlp.shared_experts)
+        experts = mlp.experts
+        per_expert = (experts.w13_weight[0].numel() + experts.w2_weight[0].numel()) * experts.w13_weight.element_size()
+        total += int(torch.unique(routed_ids).numel()) * per_expert
+    else:
+        total += nbytes(mlp)
+    spec = layer.attn.spec
+    visible = sum(min(n, spec.window) if spec.window else n for n in seq_lens)
+    total += visible * 2 * spec.num_kv_heads * spec.head_dim * layer.attn.wk_dv.weight.element_size()
+    # Conv state of the four streams, read and written in fp32.
+    chans = 2 * spec.num_kv_heads * spec.head_dim + 2 * cfg.hidden_size
+    total += 2 * len(seq_lens) * (cfg.conv_kernel_size - 1) * chans * 4
+    return total
+
+
+def to_ms(nbytes_: int) -> float:
+    return nbytes_ / HBM_BYTES_PER_S * 1e3
+
+
+class Seqs:
+    """Rows and KV slots for a static batch, allocated like SeqRunner does."""
+
+    def __init__(self, runner: ModelRunner, bsz: int):
+        self.runner = runner
+        self.rows = [runner.req_to_token.alloc() for _ in range(bsz)]
+        self.lens = [0] * bsz
+        self.slots: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+    def batch(self, tokens: list[list[int]]) -> ForwardBatch:
+        r = self.runner
+        full_all, swa_all = [], []
+        for i, (row, toks) in enumerate(zip(self.rows, tokens)):
+            n = len(toks)
+            full, swa = r.full_pool.allocator.alloc(n), r.swa_pool.allocator.alloc(n)
+            r.req_to_token.full[row, self.lens[i] : self.lens[i] + n] = full.to(r.device)
+            r.req_to_token.swa[row, self.lens[i] : self.lens[i] + n] = swa.to(r.device)
+            self.slots.append((full, swa))
+            full_all.append(full)
+            swa_all.append(swa)
+        mode = ForwardMode.DECODE if all(len(t) == 1 for t in tokens) else ForwardMode.EXTEND
+        batch = ForwardBatch.build(mode, tokens, self.rows, list(self.lens), torch.cat(full_all).tolist(),
+                                   torch.cat(swa_all).tolist(), r.device)  # fmt: skip
+        self.lens = [n + len(t) for n, t in zip(self.lens, tokens)]
+        return batch
+
+    def free(self) -> None:
+        r = self.runner
+        for full, swa in self.slots:
+            r.full_pool.allocator.free(full)
+            r.swa_pool.allocator.free(swa)
+        for row in self.rows:
+            r.req_to_token.free(row)
+
+
+def run_batch(model, cfg, bsz: int, args, gen: torch.Generator) -> dict:
+    clock = Clock(model.model.llm.embed.weight.device)
+    ctx = args.input_len + args.warmup_steps + args.decode_steps + 8
+    runner = ModelRunner(model, bsz, ctx, bsz * ctx, attention_backend=args.attention_backend)
+    probe = Probe(model, clock)
+
+    def rand_tokens(n: int) -> list[list[int]]:
+        return torch.randint(0, cfg.unpadded_vocab_size, (bsz, n), generator=gen).tolist()
+
+    prefill_ms = []
+    for rep in range(args.prefill_repeats + 1):
+        seqs = Seqs(runner, bsz)
+        batch = seqs.batch(rand_tokens(args.input_len))
+        a = clock.mark()
+        runner.forward(batch)
+        b = clock.mark()
+        clock.sync()
+        if rep:  # the first is warm-up (kernel compilation, allocator)
+            prefill_ms.append(clock.ms(a, b))
+        if rep < args.prefill_repeats:
+            seqs.free()
+
+    n_layers = len(model.model.llm.layers)
+    step_ms, head_ms, embed_ms = [], [], []
+    layer_ms: list[list[float]] = [[] for _ in range(n_layers)]
+    floors: list[list[int]] = [[] for _ in range(n_layers)]
+    for step in range(args.warmup_steps + args.decode_steps):
+        batch = seqs.batch(rand_tokens(1))
+        probe.reset()
+        a = clock.mark()
+        runner.forward(batch)
+        b = clock.mark()
+        clock.sync()
+        if step < args.warmup_steps:
+            continue
+        marks = {(i, kind): m for i, kind, m in probe.marks}
+        step_ms.append(clock.ms(a, b))
+        embed_ms.append(clock.ms(a, marks[(0, "start")]))
+        head_ms.append(clock.ms(marks[(n_layers - 1, "end")], b))
+        for i, layer in enumerate(model.model.llm.layers):
+            layer_ms[i].append(clock.ms(marks[(i, "start")], marks[(i, "end")]))
+            floors[i].append(layer_floor_bytes(layer, cfg, seqs.lens, probe.routes.get(i)))
+    seqs.free()
+    probe.remove()
+
+    llm = model.model.llm
+    head_floor = to_ms(nbytes(llm.unembed) + nbytes(llm.norm) + bsz * cfg.vocab_size * 4)
+    embed_floor = to_ms(bsz * cfg.hidden_size * llm.embed.weight.element_size() + nbytes(llm.embed_norm))
+    layers = []
+    for i in range(n_layers):
+        med = statistics.median(layer_ms[i])
+        floor = to_ms(int(statistics.median(floors[i])))
+        kind = "sliding" if cfg.layer_types[i] == SLIDING else "full"
+        layers.append({"layer": i, "kind": kind, "ms": med, "floor_ms": floor, "achieved_fraction": floor / med})
+    by_kind = {k: [x for x in layers if x["kind"] == k] for k in ("sliding", "full")}
+
+    def mean(key: str, kind: str) -> float:
+        xs = by_kind[kind] or by_kind["sliding" if kind == "full" else "full"]
+        return statistics.fmean(x[key] for x in xs)
+
+    n_full = NUM_FULL_MODEL_LAYERS - NUM_FULL_MODEL_SLIDING
+    head, embed = statistics.median(head_ms), statistics.median(embed_ms)
+    step66 = NUM_FULL_MODEL_SLIDING * mean("ms", "sliding") + n_full * mean("ms", "full") + head + embed
+    floor66 = NUM_FULL_MODEL_SLIDING * mean("floor_ms", "sliding") + n_full * mean("floor_ms", "full")
+    floor66 += head_floor + embed_floor
+    step_floor = sum(x["floor_ms"] for x in layers) + head_floor + embed_floor
+    step = statistics.median(step_ms)
+    return {
+        "batch_size": bsz,
+        "input_len": args.input_len,
+        "prefill_ms": statistics.median(prefill_ms),
+        "prefill_tok_per_s": bsz * args.input_len / (statistics.median(prefill_ms) / 1e3),
+        "decode_step_ms": step,
+        "decode_step_floor_ms": step_floor,
+        "decode_step_achieved_fraction": step_floor / step,
+        "embed_ms": embed,
+        "lm_head_ms": head,
+        "lm_head_floor_ms": head_floor,
+        "lm_head_achieved_fraction": head_floor / head,
+        "layers": layers,
+        "extrapolated_66_layers": {
+            "step_ms": step66,
+            "tok_per_s_per_user": 1e3 / step66,
+            "floor_step_ms": floor66,
+            "floor_tok_per_s_per_user": 1e3 / floor66,
+        },
+    }
+
+
+def git_commit() -> tuple[str, bool | None]:
+    try:
+        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True)
+        dirty = subprocess.run(["git", "status", "--porcelain"], cwd=ROOT, capture_output=True, text=True)
+        return sha.stdout.strip(), bool(dirty.stdout.strip())
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown", None
+
+
+def print_table(runs: list[dict]) -> None:
+    print(f"{'bs':>4} {'prefill ms':>11} {'step ms':>9} {'floor ms':>9} {'step %':>7} "
+          f"{'layer ms (floor, %)':>34} {'lm head ms (%)':>15} {'tok/s/user@66':>14} {'floor':>7}")  # fmt: skip
+    for r in runs:
+        per_layer = " ".join(f"{x['kind'][0]}{x['ms']:.3f}({x['floor_ms']:.3f},{100 * x['achieved_fraction']:.0f}%)"
+                             for x in r["layers"])  # fmt: skip
+        e = r["extrapolated_66_layers"]
+        print(f"{r['batch_size']:>4} {r['prefill_ms']:>11.2f} {r['decode_step_ms']:>9.3f} "
+              f"{r['decode_step_floor_ms']:>9.3f} {100 * r['decode_step_achieved_fraction']:>6.1f}% {per_layer:>34} "
+              f"{r['lm_head_ms']:>7.3f} ({100 * r['lm_head_achieved_fraction']:>3.0f}%) "
+              f"{e['tok_per_s_per_user']:>14.1f} {e['floor_tok_per_s_per_user']:>7.1f}")  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--config", choices=("slice", "tiny"), default="slice")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--dtype", choices=("bfloat16", "float32"), default=None)
+    p.add_argument("--batch-size", type=int, nargs="+", default=[1])
+    p.add_argument("--input-len", type=int, default=None)
+    p.add_argument("--decode-steps", type=int, default=20)
+    p.add_argument("--warmup-steps", type=int, default=3)
+    p.add_argument("--prefill-repeats", type=int, default=2)
+    p.add_argument("--attention-backend", choices=("torch_native", "triton"), default=None)
+    p.add_argument("--load-format", choices=("dummy",), default="dummy")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--result-file", type=Path, default=None)
+    args = p.parse_args(argv)
+    device = torch.device(args.device)
+    cuda = device.type == "cuda"
+    dtype = getattr(torch, args.dtype or ("bfloat16" if cuda else "float32"))
+    args.attention_backend = args.attention_backend or ("triton" if cuda else "torch_native")
+    args.input_len = args.input_len or (1024 if args.config == "slice" else 40)
+    config = slice_config() if args.config == "slice" else InklingConfig.from_dict(TINY_CONFIG)
+    name = "inkling-slice" if args.config == "slice" else "inkling-tiny"
+
+    t0 = time.perf_counter()
+    model = build_model(config, dtype, device)
+    init_dummy_weights(model, seed=args.seed)
+    Clock(device).sync()
+    print(f"{name}: built {nbytes(model) / 1e9:.1f} GB of dummy weights on {device} in {time.perf_counter() - t0:.1f} s")
+    gen = torch.Generator().manual_seed(args.seed)
+    runs = [run_batch(model, config.text, bsz, args, gen) for bsz in args.batch_size]
+
+    try:
+        import triton
+
+        triton_version = triton.__version__
+    except ImportError:
+        triton_version = None
+    commit, dirty = git_commit()
+    result = {
+        "benchmark": "bench_one_batch",
+        "config": name,
+        "text_config": config.raw.get("text_config"),
+        "timestamp": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "git_commit": commit,
+        "git_dirty": dirty,
+        "device": str(device),
+        "gpu": torch.cuda.get_device_name(device) if cuda else None,
+        "torch": torch.__version__,
+        "triton": triton_version,
+        "dtype": str(dtype).removeprefix("torch."),
+        "attention_backend": args.attention_backend,
+        "cuda_graph": False,
+        "load_format": args.load_format,
+        "bandwidth_bytes_per_s": HBM_BYTES_PER_S,
+        "decode_steps": args.decode_steps,
+        "warmup_steps": args.warmup_steps,
+        "runs": runs,
+    }
+    out = args.result_file or ROOT / "benchmark" / "results" / (
+        f"bench_one_batch_{name}_{args.device.replace(':', '')}_{result['timestamp'].replace(':', '')}.json"
+    )
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2))
+    print_table(runs)
+    print(f"wrote {out}")
+    return result
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,101 @@
+"""Optional Triton import shared by every kernel module.
+
+The CPU runtime must not need Triton (torch CPU wheels do not carry it), so a missing Triton
+leaves stand-ins that let the kernel modules import: their torch references still work and a
+kernel call raises a clear error. Without CUDA, Triton can only run in its interpreter; we turn
+that on before any kernel is decorated (the choice is made at decoration time), so tests can run
+the same kernels on CPU tensors.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+try:
+    import triton
+    import triton.language as tl
+
+    HAS_TRITON = True
+except ImportError:  # pragma: no cover - exercised only where Triton is absent
+    HAS_TRITON = False
+
+    class _Kernel:
+        """A decorated kernel without Triton: `kernel[grid](...)` raises a clear error."""
+
+        def __init__(self, fn):
+            self.__name__ = fn.__name__
+
+        def __getitem__(self, _grid):
+            raise RuntimeError(f"Triton is not installed: cannot launch {self.__name__}")
+
+        def __call__(self, *_a, **_k):
+            raise RuntimeError(f"Triton is not installed: cannot run {self.__name__}")
+
+    class _Missing:
+        """Stands in for `triton` and `triton.language` so kernel modules import (annotations only)."""
+
+        constexpr = Any
+
+        @staticmethod
+        def jit(fn=None, **_kw):
+            return _Kernel(fn) if fn is not None else _Kernel
+
+        def __getattr__(self, name: str):
+            raise RuntimeError(f"Triton is not installed (needed for triton.{name})")
+
+    triton = _Missing()  # type: ignore[assignment]
+    tl = _Missing()  # type: ignore[assignment]
+
+
+def interpreting() -> bool:
+    """True when kernels run in Triton's CPU interpreter (numpy underneath)."""
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def use_triton(t: torch.Tensor) -> bool:
+    """Dispatch rule for model code: Triton on CUDA tensors, the torch reference elsewhere.
+
+    The interpreter is for tests, never for serving on the CPU (it is orders of magnitude slower).
+    """
+    return HAS_TRITON and t.is_cuda
+
+
+def require_triton() -> None:
+    if not HAS_TRITON:
+        raise RuntimeError("this kernel needs Triton, which is not installed")
+
+
+def dot_mode(dtype: torch.dtype) -> tuple[bool, str]:
+    """(upcast dot operands to fp32, input precision) for tl.dot on tensors of `dtype`.
+
+    The interpreter multiplies bfloat16 bit patterns as integers in tl.dot, so under it we upcast
+    to fp32. fp32 inputs on the GPU use IEEE products, not TF32, so fp32 runs compare tightly
+    against the torch references (bf16 inputs take the tensor-core path with fp32 accumulation).
+    """
+    if interpreting():
+        return True, "ieee"
+    return False, "ieee" if dtype == torch.float32 else "tf32"
+
+
+@triton.jit
+def mm(a, b, UPCAST: tl.constexpr, PREC: tl.constexpr):
+    """tl.dot with fp32 accumulation; operands upcast to fp32 where `dot_mode` says so."""
+    if UPCAST:
+        out = tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
+    else:
+        out = tl.dot(a, b, input_precision=PREC)
+    return out
+
+
+def next_pow2(n: int, floor: int = 1) -> int:
+    """Smallest power of two >= max(n, floor) (block shapes must be powers of two)."""
+    p = 1
+    while p < max(n, floor):
+        p *= 2
+    return p

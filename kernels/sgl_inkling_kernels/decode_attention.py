@@ -1,0 +1,202 @@
+"""Paged decode attention for Inkling: one query token per sequence, split over the keys.
+
+Features: GQA (all query heads of one KV head share a program, so K/V are read once per group),
+the relative bias computed in the kernel from r [heads, d_rel] and the layer's table P [d_rel, E]
+(only the table columns a key block needs are read; no [T, heads, E] tensor exists), the
+sliding window and log scaling (tau scales the bias; q arrives already scaled).
+
+Two launches, both with grids fixed by shapes so the pair can be captured in a CUDA graph and
+never asks the host for sequence lengths: stage 1 gives each (sequence, KV head, split) program
+one contiguous share of the visible keys (flash-decoding, so batch 1 still fills the GPU) and
+writes a normalised partial output with its log-sum-exp; stage 2 merges the splits.
+Reference: `attention_ref.paged_attention_ref` (decode = one new token, prefix = its position).
+"""
+
+from __future__ import annotations
+
+import torch
+from sgl_inkling_kernels._triton import dot_mode, interpreting, mm, next_pow2, require_triton, tl, triton
+from sgl_inkling_kernels.attention_ref import paged_attention_ref
+
+
+@triton.jit
+def _decode_split_kernel(
+    Q, K, V, ReqToTok, ReqIdx, Pos, Rel, Table, Tau, PartO, PartLse,
+    stride_qb, stride_qh, stride_ks, stride_kh, stride_vs, stride_vh, stride_rt,
+    stride_relb, stride_relh, stride_tab, stride_pob, stride_poh, stride_pos, stride_lb, stride_lh,
+    scaling, extent, window, num_splits,
+    G: tl.constexpr, BLOCK_G: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
+    R: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr,
+    HAS_TAU: tl.constexpr, HAS_WINDOW: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr,
+):  # fmt: skip
+    b = tl.program_id(0)
+    kh = tl.program_id(1)
+    split = tl.program_id(2)
+
+    t = tl.load(Pos + b)  # the query's absolute position; it attends to keys 0..t
+    row = tl.load(ReqIdx + b)
+    lo = 0
+    if HAS_WINDOW:
+        lo = tl.maximum(t - window + 1, 0)
+    hi = t + 1
+    # Each split takes a BLOCK_N-aligned share of [lo, hi); trailing splits may get nothing.
+    share = tl.cdiv(tl.cdiv(hi - lo, num_splits), BLOCK_N) * BLOCK_N
+    start = lo + split * share
+    end = tl.minimum(start + share, hi)
+
+    offs_g = tl.arange(0, BLOCK_G)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_r = tl.arange(0, BLOCK_R)
+    g_ok = offs_g < G
+    d_ok = offs_d < D
+    r_ok = offs_r < R
+    heads = kh * G + offs_g
+    q = tl.load(Q + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :],
+                mask=g_ok[:, None] & d_ok[None, :], other=0.0)  # fmt: skip
+    rel = tl.load(Rel + b * stride_relb + heads[:, None] * stride_relh + offs_r[None, :],
+                  mask=g_ok[:, None] & r_ok[None, :], other=0.0)  # fmt: skip
+    # Work in log2 units (x log2(e)) so the softmax uses exp2.
+    qk_scale = scaling * 1.4426950408889634
+    bias_scale = 1.4426950408889634
+    if HAS_TAU:
+        bias_scale = tl.load(Tau + b).to(tl.float32) * 1.4426950408889634
+
+    m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_G], tl.float32)
+    acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
+    for s0 in range(start, end, BLOCK_N):
+        offs_n = s0 + tl.arange(0, BLOCK_N)
+        n_ok = offs_n < end
+        slots = tl.load(ReqToTok + row * stride_rt + offs_n, mask=n_ok, other=0)
+        k = tl.load(K + slots[:, None] * stride_ks + kh * stride_kh + offs_d[None, :],
+                    mask=n_ok[:, None] & d_ok[None, :], other=0.0)  # fmt: skip
+        v = tl.load(V + slots[:, None] * stride_vs + kh * stride_vh + offs_d[None, :],
+                    mask=n_ok[:, None] & d_ok[None, :], other=0.0)  # fmt: skip
+        qk = mm(q, tl.trans(k), UPCAST, PREC)  # [BLOCK_G, BLOCK_N]
+        # Relative bias: the table columns at distances t - s, then r @ columns.
+        dist = t - offs_n
+        cols = tl.load(Table + offs_r[:, None] * stride_tab + dist[None, :],
+                       mask=r_ok[:, None] & (n_ok & (dist < extent))[None, :], other=0.0)  # fmt: skip
+        bias = mm(rel, cols.to(rel.dtype), UPCAST, PREC)
+        s = qk * qk_scale + bias * bias_scale
+        s = tl.where(n_ok[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None] + mm(p.to(v.dtype), v, UPCAST, PREC)
+        m_i = m_new
+
+    # An empty split reports lse = -inf and zeros; stage 2 gives it no weight.
+    has_keys = l_i > 0
+    out = acc / tl.where(has_keys, l_i, 1.0)[:, None]
+    lse = tl.where(has_keys, m_i + tl.log2(tl.where(has_keys, l_i, 1.0)), float("-inf"))
+    tl.store(PartO + b * stride_pob + heads[:, None] * stride_poh + split * stride_pos + offs_d[None, :],
+             out, mask=g_ok[:, None] & d_ok[None, :])  # fmt: skip
+    tl.store(PartLse + b * stride_lb + heads * stride_lh + split, lse, mask=g_ok)
+
+
+@triton.jit
+def _decode_merge_kernel(
+    PartO, PartLse, Out,
+    stride_pob, stride_poh, stride_pos, stride_lb, stride_lh, stride_ob, num_splits,
+    D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr,
+):  # fmt: skip
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    offs_s = tl.arange(0, BLOCK_S)
+    offs_d = tl.arange(0, BLOCK_D)
+    s_ok = offs_s < num_splits
+    d_ok = offs_d < D
+    lse = tl.load(PartLse + b * stride_lb + h * stride_lh + offs_s, mask=s_ok, other=float("-inf"))
+    m = tl.max(lse, 0)  # finite: the split holding key t always has it
+    w = tl.exp2(lse - m)
+    w = w / tl.sum(w, 0)
+    parts = tl.load(PartO + b * stride_pob + h * stride_poh + offs_s[:, None] * stride_pos + offs_d[None, :],
+                    mask=s_ok[:, None] & d_ok[None, :], other=0.0)  # fmt: skip
+    o = tl.sum(parts * w[:, None], 0)
+    tl.store(Out + b * stride_ob + h * D + offs_d, o.to(Out.dtype.element_ty), mask=d_ok)
+
+
+def default_num_splits(batch: int, kv_heads: int, max_keys: int, block_n: int, num_sms: int = 132) -> int:
+    """Enough splits that batch * kv_heads * splits covers the SMs about twice, but never more
+    splits than key blocks. Depends only on shapes, so it is fixed per CUDA-graph bucket."""
+    want = -(-2 * num_sms // max(1, batch * kv_heads))
+    return max(1, min(want, -(-max_keys // block_n), 64))
+
+
+def decode_attention(
+    q: torch.Tensor,  # [B, heads, head_dim], log scaling already applied
+    k_buf: torch.Tensor,  # [slots, kv_heads, head_dim] (the new token's key already stored)
+    v_buf: torch.Tensor,
+    req_to_token: torch.Tensor,  # [rows, max_context] int
+    req_pool_indices: torch.Tensor,  # [B]
+    positions: torch.Tensor,  # [B] position of each query token
+    rel: torch.Tensor,  # [B, heads, d_rel]
+    rel_table: torch.Tensor,  # [d_rel, extent]
+    tau: torch.Tensor | None,  # [B]
+    scaling: float,
+    window: int | None,
+    num_splits: int | None = None,
+    block_n: int | None = None,
+) -> torch.Tensor:
+    """Attention output [B, heads * head_dim] in q's dtype. No host synchronisation."""
+    require_triton()
+    bsz, heads, dim = q.shape
+    kv_heads = k_buf.shape[1]
+    groups = heads // kv_heads
+    d_rel, extent = rel_table.shape
+    if block_n is None:
+        block_n = 16 if interpreting() else 64
+    if num_splits is None:
+        max_keys = window if window is not None else req_to_token.shape[1]
+        num_sms = torch.cuda.get_device_properties(q.device).multi_processor_count if q.is_cuda else 4
+        num_splits = default_num_splits(bsz, kv_heads, max_keys, block_n, num_sms)
+    q = q.contiguous() if q.stride(-1) != 1 else q
+    rel = rel.contiguous() if rel.stride(-1) != 1 else rel
+    rel_table = rel_table.contiguous()
+    part_o = torch.empty(bsz, heads, num_splits, dim, dtype=torch.float32, device=q.device)
+    part_lse = torch.empty(bsz, heads, num_splits, dtype=torch.float32, device=q.device)
+    out = torch.empty(bsz, heads * dim, dtype=q.dtype, device=q.device)
+    upcast, prec = dot_mode(q.dtype)
+    block_d = next_pow2(dim)
+    _decode_split_kernel[(bsz, kv_heads, num_splits)](
+        q, k_buf, v_buf, req_to_token, req_pool_indices, positions, rel, rel_table,
+        tau if tau is not None else q, part_o, part_lse,
+        q.stride(0), q.stride(1), k_buf.stride(0), k_buf.stride(1), v_buf.stride(0), v_buf.stride(1),
+        req_to_token.stride(0), rel.stride(0), rel.stride(1), rel_table.stride(0),
+        part_o.stride(0), part_o.stride(1), part_o.stride(2), part_lse.stride(0), part_lse.stride(1),
+        scaling, extent, window if window is not None else 0, num_splits,
+        G=groups, BLOCK_G=next_pow2(groups, 16), D=dim, BLOCK_D=block_d, R=d_rel,
+        BLOCK_R=next_pow2(d_rel, 16), BLOCK_N=block_n,
+        HAS_TAU=tau is not None, HAS_WINDOW=window is not None, UPCAST=upcast, PREC=prec,
+        num_warps=4, num_stages=2,
+    )  # fmt: skip
+    _decode_merge_kernel[(bsz, heads)](
+        part_o, part_lse, out,
+        part_o.stride(0), part_o.stride(1), part_o.stride(2), part_lse.stride(0), part_lse.stride(1),
+        out.stride(0), num_splits,
+        D=dim, BLOCK_D=block_d, BLOCK_S=next_pow2(num_splits),
+        num_warps=4,
+    )  # fmt: skip
+    return out
+
+
+def decode_attention_ref(
+    q: torch.Tensor,
+    k_buf: torch.Tensor,
+    v_buf: torch.Tensor,
+    req_to_token: torch.Tensor,
+    req_pool_indices: torch.Tensor,
+    positions: torch.Tensor,
+    rel: torch.Tensor,
+    rel_table: torch.Tensor,
+    tau: torch.Tensor | None,
+    scaling: float,
+    window: int | None,
+) -> torch.Tensor:
+    """Same contract as `decode_attention`, in torch (host loop over sequences)."""
+    ones = torch.ones_like(positions)
+    return paged_attention_ref(
+        q, k_buf, v_buf, req_to_token, req_pool_indices, positions, ones, rel, rel_table, tau, scaling, window
+    )
