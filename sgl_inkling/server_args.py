@@ -52,7 +52,7 @@ class ServerArgs:
     max_total_tokens: int | None = None
     chunked_prefill_size: int | None = None  # None: 8192 on cuda, 512 on cpu; -1: no chunking
     max_prefill_tokens: int = 16384
-    schedule_policy: str = "fcfs"
+    schedule_policy: str = "lpm"  # longest cached prefix first when the queue is long (aging prevents starvation)
     disable_radix_cache: bool = False
     stream_interval: int = 1
     # Parallelism and kernels

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,6 +31,12 @@ class Req:
     new_top_logprobs: list[list[tuple[float, int]]] = field(default_factory=list)
     input_logprobs: list[tuple[float | None, int]] | None = None
     num_retractions: int = 0
+    # Prefix cache: [0, owned) of the tables belongs to the radix tree (locked at last_node).
+    owned: int = 0
+    last_node: Any = None
+    divergence: int | None = None  # end the first chunk here so a checkpoint lands at the split
+    admitted_once: bool = False
+    arrival: float = field(default_factory=time.monotonic)
 
     @classmethod
     def from_tokenized(cls, r: TokenizedGenerateReq) -> Req:

@@ -14,6 +14,7 @@ import zmq
 
 from sgl_inkling.managers import io_struct as io
 from sgl_inkling.managers.schedule_batch import Req
+from sgl_inkling.managers.schedule_policy import SchedulePolicy
 from sgl_inkling.managers.scheduler_memory import size_pools
 from sgl_inkling.mem_cache.req_kv import ReqKVManager
 from sgl_inkling.model_executor.forward_batch import ForwardBatch, ForwardMode
@@ -46,10 +47,17 @@ class Scheduler:
         )
         self.sizes = sizes
         self.vocab = cfg.unpadded_vocab_size
-        self.kv = ReqKVManager(self.runner, cfg.sliding_window_size)
-        self.sampler = Sampler(server_args.random_seed, return_original_logprob=True)
         chunk = server_args.chunked_prefill_size
         self.chunk_budget = chunk if chunk and chunk > 0 else server_args.max_prefill_tokens
+        self.kv = ReqKVManager(
+            self.runner,
+            cfg.sliding_window_size,
+            enable_cache=not server_args.disable_radix_cache,
+            num_checkpoints=sizes.num_checkpoints,
+            grid=chunk if chunk and chunk > 0 else 0,
+        )
+        self.policy = SchedulePolicy(server_args.schedule_policy, self.kv.radix)
+        self.sampler = Sampler(server_args.random_seed, return_original_logprob=True)
         self.waiting: deque[Req] = deque()
         self.running: list[Req] = []
         self.chunked: Req | None = None
@@ -94,7 +102,9 @@ class Scheduler:
 
     def fail_in_flight(self, message: str) -> None:
         for req in self.running + ([self.chunked] if self.chunked else []):
-            self.finish(req, {"type": "abort", "message": message})
+            req.finished_reason = {"type": "abort", "message": message}
+            self.kv.free(req)  # state may be inconsistent: never cache it
+            self.outbox.append(req)
         self.running, self.chunked = [], None
 
     def recv_requests(self, block: bool) -> None:
@@ -113,11 +123,18 @@ class Scheduler:
         elif isinstance(msg, io.AbortReq):
             self.abort(msg.rid)
         elif isinstance(msg, io.FlushCacheReq):
-            self.send_sock.send_pyobj(io.FlushCacheResp(success=True, message="no prefix cache to flush"))
+            self.send_sock.send_pyobj(self.flush_cache())
         elif isinstance(msg, io.GetInternalStateReq):
             self.send_sock.send_pyobj(io.InternalState(self.internal_state()))
         else:
             logger.warning("scheduler ignored unknown message %r", type(msg))
+
+    def flush_cache(self) -> io.FlushCacheResp:
+        if self.waiting or self.running or self.chunked:
+            return io.FlushCacheResp(False, "cannot flush the cache while requests are running")
+        if self.kv.radix is not None:
+            self.kv.radix.flush()
+        return io.FlushCacheResp(True)
 
     def internal_state(self) -> dict:
         return {
@@ -137,22 +154,26 @@ class Scheduler:
         batch: list[tuple[Req, int, tuple]] = []
         # Keep one decode slot per running request free so admission never forces a retraction.
         reserve = len(self.running)
-        for req in ([self.chunked] if self.chunked else []) + list(self.waiting):
+        for req in ([self.chunked] if self.chunked else []) + self.policy.order(self.waiting):
             if budget <= 0:
                 break
-            if req.row is None and not self._fits_at_all(req):
-                self._remove_waiting(req)
-                self.finish(
-                    req, {"type": "abort", "message": "the request needs more KV memory than the server has"}
-                )
-                continue
-            if req.row is None and self.kv.rows.available == 0:
-                break
-            n = min(len(req.fill_ids) - req.kv_len, budget)
-            if not self.kv.can_alloc(n + reserve, n + reserve):
-                break
-            locs = self.kv.alloc(req, n)
+            fresh = req.row is None
+            if fresh:
+                if not self._fits_at_all(req):
+                    self._remove_waiting(req)
+                    self.finish(
+                        req,
+                        {"type": "abort", "message": "the request needs more KV memory than the server has"},
+                    )
+                    continue
+                if not self.kv.admit(req):
+                    break
+            n = min(len(req.fill_ids), self.kv.next_stop(req)) - req.kv_len
+            n = min(n, budget)
+            locs = self.kv.alloc(req, n) if self.kv.ensure(n + reserve, n + reserve) else None
             if locs is None:
+                if fresh:
+                    self.kv.free(req)  # give back the row and the prefix lock; it stays waiting
                 break
             self._remove_waiting(req)
             batch.append((req, n, locs))
@@ -166,7 +187,7 @@ class Scheduler:
         return True
 
     def _fits_at_all(self, req: Req) -> bool:
-        return len(req.fill_ids) + 1 <= min(self.kv.full.num_slots, self.kv.swa.num_slots)
+        return len(req.fill_ids) + 1 <= self.kv.full.num_slots
 
     def _remove_waiting(self, req: Req) -> None:
         try:
@@ -198,6 +219,7 @@ class Scheduler:
                 self._collect_input_logprobs(req, rows, n)
             req.kv_len += n
             self.kv.release_window(req)
+            self.kv.cache_prefix(req)  # every chunk end is a checkpoint others can resume from
             if req.kv_len == len(req.fill_ids):
                 done.append(req)
                 done_logits.append(rows[-1])
@@ -226,7 +248,7 @@ class Scheduler:
     # ---------------------------------------------------------------- decode
 
     def run_decode(self) -> None:
-        while not self.kv.can_alloc(len(self.running), len(self.running)):
+        while not self.kv.ensure(len(self.running), len(self.running)):
             if len(self.running) == 1:
                 req = self.running.pop()
                 self.finish(req, {"type": "abort", "message": "out of KV memory"})
@@ -254,6 +276,7 @@ class Scheduler:
         """Free the request that has made the least progress; it is re-prefilled later, not failed."""
         victim = min(self.running, key=lambda r: (len(r.output_ids), -len(r.origin_input_ids)))
         self.running.remove(victim)
+        self.kv.cache_prefix(victim)  # its work stays cached: resuming re-prefills almost nothing
         self.kv.free(victim)
         victim.num_retractions += 1
         self.num_retracted += 1
@@ -300,6 +323,7 @@ class Scheduler:
 
     def finish(self, req: Req, reason: dict) -> None:
         req.finished_reason = reason
+        self.kv.cache_prefix(req)  # multi-turn continuations resume at the end of this request
         self.kv.free(req)
         self.num_finished += 1
         self.outbox.append(req)

@@ -20,6 +20,7 @@ class PoolSizes:
     max_running_requests: int
     max_total_tokens: int
     max_swa_tokens: int
+    num_checkpoints: int  # short-conv snapshots the radix cache may hold
 
 
 def kv_bytes_per_token(model: InklingForCausalLM) -> tuple[int, int]:
@@ -33,6 +34,14 @@ def kv_bytes_per_token(model: InklingForCausalLM) -> tuple[int, int]:
         else:
             full += b
     return full, swa
+
+
+def model_sconv_bytes(model: InklingForCausalLM) -> int:
+    """Bytes of one request's short-conv state (fp32, K-1 inputs of 4 streams in every layer)."""
+    h, width = model.cfg.hidden_size, model.cfg.conv_kernel_size - 1
+    return sum(
+        4 * width * (2 * a.spec.num_kv_heads * a.spec.head_dim + 2 * h) for a in model.attention_layers()
+    )
 
 
 def _free_bytes(device: torch.device) -> int:
@@ -56,12 +65,19 @@ def size_pools(model: InklingForCausalLM, args, context_len: int) -> PoolSizes:
         fraction = args.mem_fraction_static or (0.85 if on_cuda else 0.25)
         # What is left after the weights (already resident) goes to KV; sliding KV is bounded below.
         budget = int(_free_bytes(device) * fraction)
-        swa_reserve = running * (window + 1) * swa_b
+        ckpt_bytes = (2 if on_cuda else 4) * running * model_sconv_bytes(model)
+        swa_reserve = running * (window + 1) * swa_b + ckpt_bytes
         total = max(1, (budget - swa_reserve) // max(1, full_b + swa_b))
         if not on_cuda:
             total = min(total, _CPU_MAX_TOKENS)
-    # Sliding layers keep at most window tokens per request, plus a prefill chunk in flight.
-    swa = min(total, running * (window + 1) + chunk + window)
+    # Short-conv checkpoints for the radix cache: chunk ends, divergence points, ends of turns.
+    ckpts = (2 if on_cuda else 4) * running
+    # Sliding layers keep at most window tokens per running request plus a prefill chunk in flight;
+    # the radix cache keeps the window before each checkpoint.
+    swa = min(total, running * (window + 1) + chunk + window + ckpts * window)
     return PoolSizes(
-        max_running_requests=running, max_total_tokens=total, max_swa_tokens=max(swa, window + 2)
+        max_running_requests=running,
+        max_total_tokens=total,
+        max_swa_tokens=max(swa, window + 2),
+        num_checkpoints=ckpts,
     )

@@ -1,32 +1,81 @@
-"""Per-request KV bookkeeping over the pools: allocate new tokens, free the sliding tail, free all."""
+"""Per-request KV bookkeeping over the pools and the radix cache.
+
+Positions [0, req.owned) of a request's table rows belong to the radix tree (locked while the
+request runs); the request owns [owned, kv_len) and frees only those.
+"""
 
 from __future__ import annotations
 
 import torch
 
 from sgl_inkling.managers.schedule_batch import Req
+from sgl_inkling.mem_cache.radix_cache import RadixCache
+from sgl_inkling.mem_cache.sconv_checkpoints import SConvCheckpointPool
 from sgl_inkling.model_executor.model_runner import ModelRunner
 
 
 class ReqKVManager:
-    def __init__(self, runner: ModelRunner, window: int):
+    def __init__(self, runner: ModelRunner, window: int, enable_cache: bool, num_checkpoints: int, grid: int):
         self.runner = runner
         self.window = window
+        self.grid = grid  # chunk ends align to multiples of this (each chunk end is a checkpoint)
         self.full = runner.full_pool.allocator
         self.swa = runner.swa_pool.allocator
         self.rows = runner.req_to_token
+        self.radix: RadixCache | None = None
+        if enable_cache:
+            ckpts = SConvCheckpointPool(num_checkpoints, runner.sconv_pool)
+            self.radix = RadixCache(self.full, self.swa, ckpts, window)
 
-    def can_alloc(self, n_full: int, n_swa: int) -> bool:
+    # ---------------------------------------------------------------- admission
+
+    def admit(self, req: Req) -> bool:
+        """Give the request a table row and resume it from the longest usable cached prefix."""
+        row = self.rows.alloc()
+        if row is None:
+            return False
+        req.row, req.kv_len, req.owned, req.swa_released, req.divergence = row, 0, 0, 0, None
+        if self.radix is not None:
+            # Prompt logprobs need logits from logprob_start_len on: resume no later than that.
+            key = req.fill_ids[: max(1, req.logprob_start_len)] if req.wants_input_logprobs else req.fill_ids
+            m = self.radix.match(key)
+            c = m.resume_len
+            if c > 0:
+                dev = self.runner.device
+                self.rows.full[row, :c] = m.full.to(dev)
+                lo = max(0, c - self.window + 1)
+                self.rows.swa[row, :c] = 0
+                self.rows.swa[row, lo:c] = m.swa[lo:c].to(dev)
+                self.radix.ckpts.restore(m.ckpt, row)
+            self.radix.lock(m.node)
+            req.last_node, req.kv_len, req.owned, req.swa_released = m.node, c, c, c
+            if m.matched_len > c:
+                req.divergence = m.matched_len
+        if not req.admitted_once:
+            req.cached_tokens = req.kv_len
+            req.admitted_once = True
+        return True
+
+    def next_stop(self, req: Req) -> int:
+        """Where the next prefill chunk of this request should end at the latest."""
+        if req.divergence is not None and req.kv_len < req.divergence:
+            return req.divergence
+        if self.radix is not None and self.grid > 0:
+            return (req.kv_len // self.grid + 1) * self.grid
+        return len(req.fill_ids)
+
+    # ---------------------------------------------------------------- allocation
+
+    def ensure(self, n_full: int, n_swa: int) -> bool:
+        if self.full.available >= n_full and self.swa.available >= n_swa:
+            return True
+        if self.radix is not None:
+            self.radix.evict(full=n_full, swa=n_swa)
         return self.full.available >= n_full and self.swa.available >= n_swa
 
     def alloc(self, req: Req, n: int) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """Slots for positions [kv_len, kv_len + n) of the request, recorded in its table rows."""
-        if req.row is None:
-            row = self.rows.alloc()
-            if row is None:
-                return None
-            req.row = row
-        if not self.can_alloc(n, n):
+        """Slots for positions [kv_len, kv_len + n), recorded in the request's table rows."""
+        if not self.ensure(n, n):
             return None
         full, swa = self.full.alloc(n), self.swa.alloc(n)
         dev = self.runner.device
@@ -35,23 +84,50 @@ class ReqKVManager:
         return full, swa
 
     def release_window(self, req: Req) -> None:
-        """Free sliding-layer KV no future query of this request can see (older than the window)."""
-        upto = max(0, req.kv_len - self.window + 1)
-        if upto > req.swa_released:
-            self.swa.free(self.rows.swa[req.row, req.swa_released : upto])
-            req.swa_released = upto
+        """Free the request's own sliding KV that no future query can see (older than the window)."""
+        lo = max(req.swa_released, req.owned)
+        hi = max(0, req.kv_len - self.window + 1)
+        if hi > lo:
+            self.swa.free(self.rows.swa[req.row, lo:hi])
+            self.rows.swa[req.row, lo:hi] = 0
+        req.swa_released = max(req.swa_released, hi)
+
+    # ---------------------------------------------------------------- prefix cache
+
+    def cache_prefix(self, req: Req) -> None:
+        """Hand [0, kv_len) to the radix tree with a conv checkpoint at kv_len; keep it locked."""
+        if self.radix is None or req.row is None or req.kv_len == 0:
+            return
+        self.radix.evict(ckpts=1)
+        ckpt = self.radix.ckpts.save(req.row)
+        n = req.kv_len
+        node = self.radix.insert(
+            req.fill_ids[:n], self.rows.full[req.row, :n].cpu(), self.rows.swa[req.row, :n].cpu(), ckpt
+        )
+        # Duplicates of cached slots were freed: point the tables at the tree's copies.
+        full, swa = self.radix.slots_of(node)
+        dev = self.runner.device
+        self.rows.full[req.row, :n] = full.to(dev)
+        self.rows.swa[req.row, :n] = swa.to(dev)
+        self.radix.lock(node)
+        self.radix.unlock(req.last_node)
+        req.last_node, req.owned = node, n
+        req.swa_released = max(req.swa_released, n)
 
     def free(self, req: Req) -> None:
-        """Return every slot and the table row; the request can later be re-prefilled from scratch."""
+        """Return the request's own slots and row, and unlock its cached prefix."""
         if req.row is None:
             return
-        self.full.free(self.rows.full[req.row, : req.kv_len])
-        self.swa.free(self.rows.swa[req.row, req.swa_released : req.kv_len])
+        self.full.free(self.rows.full[req.row, req.owned : req.kv_len])
+        swa = self.rows.swa[req.row, max(req.owned, req.swa_released) : req.kv_len]
+        self.swa.free(swa[swa != 0])
+        if self.radix is not None and req.last_node is not None:
+            self.radix.unlock(req.last_node)
         self.rows.free(req.row)
-        req.row, req.kv_len, req.swa_released = None, 0, 0
+        req.row, req.kv_len, req.owned, req.swa_released, req.last_node = None, 0, 0, 0, None
 
     def stats(self) -> dict[str, int]:
-        return {
+        out = {
             "full_kv_available": self.full.available,
             "full_kv_total": self.full.num_slots,
             "swa_kv_available": self.swa.available,
@@ -59,3 +135,6 @@ class ReqKVManager:
             "req_slots_available": self.rows.available,
             "req_slots_total": self.rows.size,
         }
+        if self.radix is not None:
+            out.update(self.radix.stats())
+        return out

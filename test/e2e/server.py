@@ -73,21 +73,33 @@ class ServerProcess:
         return self.get("/get_server_info").json()["internal_states"][0]
 
     def wait_idle_baseline(self, timeout: float = 30.0) -> dict:
-        """Wait until no request runs, then assert every pool is back to full."""
+        """Wait until no request runs; then no slot may be unaccounted for (free or held by the
+        prefix cache), and after /flush_cache every pool must be back to full."""
         deadline = time.time() + timeout
         while True:
             st = self.internal_state()
-            idle = st["num_running_reqs"] == 0 and st["num_waiting_reqs"] == 0
-            full = (
-                st["full_kv_available"] == st["full_kv_total"]
-                and st["swa_kv_available"] == st["swa_kv_total"]
-                and st["req_slots_available"] == st["req_slots_total"]
-            )
-            if idle and full:
-                return st
+            if st["num_running_reqs"] == 0 and st["num_waiting_reqs"] == 0:
+                break
             if time.time() > deadline:
-                raise AssertionError(f"pools not back at baseline: {st}")
+                raise AssertionError(f"requests still running: {st}")
             time.sleep(0.2)
+        cached = st.get("radix_cached_tokens", 0)
+        assert st["full_kv_available"] + cached == st["full_kv_total"], f"full KV slots leaked: {st}"
+        assert st["swa_kv_available"] + st.get("radix_swa_tokens", 0) == st["swa_kv_total"], (
+            f"swa leaked: {st}"
+        )
+        assert st["req_slots_available"] == st["req_slots_total"], f"request slots leaked: {st}"
+        if "sconv_checkpoints_total" in st:
+            assert (
+                st["sconv_checkpoints_available"] + st["radix_checkpoints"] == st["sconv_checkpoints_total"]
+            )
+        assert self.post("/flush_cache").status_code == 200
+        flushed = self.internal_state()
+        for kind in ("full_kv", "swa_kv", "req_slots"):
+            assert flushed[f"{kind}_available"] == flushed[f"{kind}_total"], (
+                f"{kind} not free after flush: {flushed}"
+            )
+        return st
 
     def stop(self) -> None:
         if self.proc.poll() is None:

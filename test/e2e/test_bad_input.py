@@ -9,7 +9,7 @@ from test.unit.helpers import random_prompt
 
 from .server import ServerProcess
 
-OK = {"temperature": 0, "max_new_tokens": 2}
+OK = {"temperature": 0, "max_new_tokens": 2, "ignore_eos": True}
 
 
 def raw_post(server, path: str, data: bytes, headers=None) -> requests.Response:

@@ -1,0 +1,268 @@
+"""Radix tree over token ids holding full KV, sliding-window KV and short-conv checkpoints.
+
+A request can resume at prefix length p only with the full KV of [0, p), the sliding KV of the
+window before p and the conv window at p. Nodes end where checkpoints were taken (prefill chunk
+ends, divergence points, ends of finished requests); matching walks to the longest shared prefix
+m and resumes at the deepest node end c <= m that has all three, so the request recomputes only
+[c, m) and a later request finds a checkpoint at m. Sliding KV is kept only in the window before
+each checkpoint (0 marks a dropped slot).
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import time
+from dataclasses import dataclass
+
+import torch
+
+from sgl_inkling.mem_cache.memory_pool import TokenSlotAllocator
+from sgl_inkling.mem_cache.sconv_checkpoints import SConvCheckpointPool
+
+_ticket = itertools.count()
+
+
+class TreeNode:
+    __slots__ = ("key", "full", "swa", "ckpt", "children", "parent", "lock_ref", "last_access", "end")
+
+    def __init__(self, key, full, swa, parent, end):
+        self.key: list[int] = key
+        self.full: torch.Tensor = full  # [len(key)] slots in the full KV pool
+        self.swa: torch.Tensor = swa  # [len(key)] slots in the sliding KV pool, 0 = dropped
+        self.ckpt: int | None = None  # conv checkpoint at this node's end
+        self.children: dict[int, TreeNode] = {}
+        self.parent: TreeNode | None = parent
+        self.lock_ref = 0
+        self.last_access = time.monotonic()
+        self.end = end  # prefix length at the end of this node
+
+
+@dataclass(frozen=True)
+class MatchResult:
+    resume_len: int  # c: where the request starts computing
+    matched_len: int  # m: longest shared prefix (c < m means a checkpoint is missing at m)
+    node: TreeNode  # node ending at c (lock it while the request uses the prefix)
+    full: torch.Tensor  # [c] full-KV slots
+    swa: torch.Tensor  # [c] sliding-KV slots (valid in the window before c)
+    ckpt: int | None  # conv checkpoint at c (None when c == 0)
+
+
+def _common(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+class RadixCache:
+    def __init__(
+        self,
+        full: TokenSlotAllocator,
+        swa: TokenSlotAllocator,
+        ckpts: SConvCheckpointPool,
+        window: int,
+    ):
+        self.full_alloc, self.swa_alloc, self.ckpts, self.window = full, swa, ckpts, window
+        self.reset()
+
+    def reset(self) -> None:
+        empty = torch.empty(0, dtype=torch.int64)
+        self.root = TreeNode([], empty, empty, None, 0)
+        self.root.lock_ref = 1  # never evicted
+
+    # ---------------------------------------------------------------- structure
+
+    def _split(self, child: TreeNode, at: int) -> TreeNode:
+        """Cut `child` after `at` tokens; the new upper part becomes child's parent."""
+        parent = child.parent
+        upper = TreeNode(child.key[:at], child.full[:at], child.swa[:at], parent, parent.end + at)
+        upper.lock_ref = child.lock_ref
+        upper.last_access = child.last_access
+        child.key, child.full, child.swa = child.key[at:], child.full[at:], child.swa[at:]
+        child.parent = upper
+        upper.children[child.key[0]] = child
+        parent.children[upper.key[0]] = upper
+        return upper
+
+    def _walk(self, tokens: list[int]) -> list[TreeNode]:
+        """Path from the root along `tokens`, splitting the last node at the divergence point."""
+        node, pos, path = self.root, 0, [self.root]
+        while pos < len(tokens):
+            child = node.children.get(tokens[pos])
+            if child is None:
+                break
+            n = _common(child.key, tokens[pos:])
+            if n < len(child.key):
+                child = self._split(child, n)
+            node, pos = child, pos + n
+            path.append(node)
+        return path
+
+    @staticmethod
+    def _concat(path: list[TreeNode], attr: str) -> torch.Tensor:
+        parts = [getattr(n, attr) for n in path[1:]]
+        return torch.cat(parts) if parts else torch.empty(0, dtype=torch.int64)
+
+    # ---------------------------------------------------------------- match and insert
+
+    def peek(self, tokens: list[int]) -> int:
+        """Length of the longest cached prefix of `tokens`, without changing the tree."""
+        node, pos = self.root, 0
+        while pos < len(tokens):
+            child = node.children.get(tokens[pos])
+            if child is None:
+                break
+            n = _common(child.key, tokens[pos:])
+            pos += n
+            if n < len(child.key):
+                break
+            node = child
+        return pos
+
+    def match(self, tokens: list[int]) -> MatchResult:
+        """Deepest resumable point for `tokens`; at least the last token is always left to compute."""
+        path = self._walk(tokens)
+        matched = path[-1].end
+        full, swa = self._concat(path, "full"), self._concat(path, "swa")
+        now = time.monotonic()
+        for node in reversed(path):
+            c = node.end
+            if c > len(tokens) - 1:
+                continue
+            if c == 0:
+                break
+            lo = max(0, c - self.window + 1)
+            if node.ckpt is not None and bool((swa[lo:c] != 0).all()):
+                for n in path[: path.index(node) + 1]:
+                    n.last_access = now
+                return MatchResult(c, matched, node, full[:c], swa[:c], node.ckpt)
+        empty = torch.empty(0, dtype=torch.int64)
+        return MatchResult(0, matched, self.root, empty, empty, None)
+
+    def insert(self, tokens: list[int], full: torch.Tensor, swa: torch.Tensor, ckpt: int | None) -> TreeNode:
+        """Adopt a request's prefix. Slots duplicating cached ones are freed: the caller must re-read
+        the slots of its prefix from the returned path (`slots_of`)."""
+        node, pos = self.root, 0
+        now = time.monotonic()
+        while pos < len(tokens):
+            child = node.children.get(tokens[pos])
+            if child is None:
+                child = TreeNode(
+                    tokens[pos:], full[pos:].clone(), swa[pos:].clone(), node, node.end + len(tokens) - pos
+                )
+                node.children[tokens[pos]] = child
+                node, pos = child, len(tokens)
+                break
+            n = _common(child.key, tokens[pos:])
+            if n < len(child.key):
+                child = self._split(child, n)
+            self._absorb(child, full[pos : pos + n], swa[pos : pos + n])
+            node, pos = child, pos + n
+            node.last_access = now
+        node.last_access = now
+        if ckpt is not None:
+            if node.ckpt is None and node is not self.root:
+                node.ckpt = ckpt
+            else:
+                self.ckpts.free(ckpt)
+        return node
+
+    def _absorb(self, node: TreeNode, full: torch.Tensor, swa: torch.Tensor) -> None:
+        dup = full != node.full
+        if bool(dup.any()):
+            self.full_alloc.free(full[dup])
+        fill = (node.swa == 0) & (swa != 0)
+        node.swa[fill] = swa[fill]
+        extra = (swa != 0) & ~fill & (swa != node.swa)
+        if bool(extra.any()):
+            self.swa_alloc.free(swa[extra])
+
+    def slots_of(self, node: TreeNode) -> tuple[torch.Tensor, torch.Tensor]:
+        """Full and sliding slots of the prefix ending at `node`."""
+        path = []
+        while node is not None:
+            path.append(node)
+            node = node.parent
+        path.reverse()
+        return self._concat(path, "full"), self._concat(path, "swa")
+
+    # ---------------------------------------------------------------- locking and eviction
+
+    def lock(self, node: TreeNode) -> None:
+        while node is not None:
+            node.lock_ref += 1
+            node = node.parent
+
+    def unlock(self, node: TreeNode) -> None:
+        while node is not None:
+            node.lock_ref -= 1
+            node = node.parent
+
+    def _nodes(self) -> list[TreeNode]:
+        out, stack = [], [self.root]
+        while stack:
+            n = stack.pop()
+            out.append(n)
+            stack.extend(n.children.values())
+        return out
+
+    def evict(self, full: int = 0, swa: int = 0, ckpts: int = 0) -> None:
+        """Free least-recently-used unlocked leaves until the allocators have the asked-for room."""
+
+        def short() -> bool:
+            return (
+                self.full_alloc.available < full
+                or self.swa_alloc.available < swa
+                or self.ckpts.available < ckpts
+            )
+
+        if not short():
+            return
+        heap = [
+            (n.last_access, next(_ticket), n) for n in self._nodes() if not n.children and n.lock_ref == 0
+        ]
+        heapq.heapify(heap)
+        while heap and short():
+            _, _, node = heapq.heappop(heap)
+            self._free_node(node)
+            parent = node.parent
+            del parent.children[node.key[0]]
+            if parent is not self.root and not parent.children and parent.lock_ref == 0:
+                heapq.heappush(heap, (parent.last_access, next(_ticket), parent))
+        if self.ckpts.available < ckpts:
+            # Internal nodes can give up their checkpoint and stay as plain KV.
+            for node in sorted(self._nodes(), key=lambda n: n.last_access):
+                if node.ckpt is not None and node.lock_ref == 0:
+                    self.ckpts.free(node.ckpt)
+                    node.ckpt = None
+                    if self.ckpts.available >= ckpts:
+                        break
+
+    def _free_node(self, node: TreeNode) -> None:
+        self.full_alloc.free(node.full)
+        live = node.swa[node.swa != 0]
+        if live.numel():
+            self.swa_alloc.free(live)
+        if node.ckpt is not None:
+            self.ckpts.free(node.ckpt)
+            node.ckpt = None
+
+    def flush(self) -> None:
+        for node in self._nodes():
+            if node is not self.root:
+                self._free_node(node)
+        self.reset()
+
+    def stats(self) -> dict[str, int]:
+        nodes = self._nodes()[1:]
+        return {
+            "radix_cached_tokens": sum(len(n.key) for n in nodes),
+            "radix_swa_tokens": sum(int((n.swa != 0).sum()) for n in nodes),
+            "radix_checkpoints": sum(n.ckpt is not None for n in nodes),
+            "radix_nodes": len(nodes),
+            "sconv_checkpoint_bytes": self.ckpts.bytes_per_checkpoint(),
+            "sconv_checkpoints_available": self.ckpts.available,
+            "sconv_checkpoints_total": self.ckpts.size,
+        }

@@ -1,0 +1,45 @@
+"""Short-conv checkpoints: snapshots of a request's conv window, owned by radix-tree nodes."""
+
+from __future__ import annotations
+
+import torch
+
+from sgl_inkling.mem_cache.memory_pool import SConvStatePool
+
+
+class SConvCheckpointPool:
+    """`size` snapshots with the layout of one SConvStatePool row (every layer, all four streams)."""
+
+    def __init__(self, size: int, like: SConvStatePool):
+        self.size = size
+        self.live = like
+        self.store = {
+            layer: [torch.zeros((size, *t.shape[1:]), dtype=t.dtype, device=t.device) for t in ts]
+            for layer, ts in like.states.items()
+        }
+        self._free = list(range(size))
+
+    @property
+    def available(self) -> int:
+        return len(self._free)
+
+    def bytes_per_checkpoint(self) -> int:
+        return self.live.bytes_per_slot()
+
+    def save(self, row: int) -> int | None:
+        """Snapshot the live state of request slot `row`; None when the pool is full."""
+        if not self._free:
+            return None
+        slot = self._free.pop()
+        for layer, ts in self.live.states.items():
+            for dst, src in zip(self.store[layer], ts):
+                dst[slot] = src[row]
+        return slot
+
+    def restore(self, slot: int, row: int) -> None:
+        for layer, ts in self.live.states.items():
+            for src, dst in zip(self.store[layer], ts):
+                dst[row] = src[slot]
+
+    def free(self, slot: int) -> None:
+        self._free.append(slot)
