@@ -1,0 +1,203 @@
+"""Fused MoE for Inkling's SwiGLU experts (routed and shared), as a grouped GEMM over expert blocks.
+
+The (token, slot) pairs are sorted by expert and padded to BLOCK_M rows per expert; each program
+multiplies one block of rows by one expert's weights, so an expert nobody selected is never read
+(at batch 1 exactly the six chosen experts stream, once each). Two launches: gate/up with SwiGLU
+(w13 rows interleaved: 2i gate, 2i+1 up) into an activation buffer, then the down projection,
+scaled by the routing weight, into a per-pair fp32 buffer summed per token. The sort runs on the
+device and every shape depends only on (tokens, top_k, experts), so there is no host sync and the
+call can be captured in a CUDA graph. Shared ("sink") experts use the same kernels with every
+token routed to all of them, weighted by their sink gammas.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from sgl_inkling_kernels._triton import dot_mode, interpreting, mm, require_triton, tl, triton
+
+
+@triton.jit
+def _moe_up_kernel(
+    X, W13, Pairs, BlockExpert, Act,
+    stride_xt, stride_we, stride_wn, stride_ap, H, N_INTER, num_pairs,
+    TOPK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    UPCAST: tl.constexpr, PREC: tl.constexpr,
+):  # fmt: skip
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    e = tl.load(BlockExpert + pid_m)
+    if e < 0:  # beyond the last real block (the grid is sized for the worst case)
+        return
+    pair = tl.load(Pairs + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))
+    valid = pair < num_pairs
+    tok = pair // TOPK
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = offs_n < N_INTER
+    offs_k = tl.arange(0, BLOCK_K)
+    x_ptr = X + tok[:, None] * stride_xt + offs_k[None, :]
+    g_ptr = W13 + e * stride_we + (2 * offs_n)[None, :] * stride_wn + offs_k[:, None]  # [K, N] view
+    acc_g = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    acc_u = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    for k0 in range(0, H, BLOCK_K):
+        k_ok = offs_k < H - k0
+        a = tl.load(x_ptr, mask=valid[:, None] & k_ok[None, :], other=0.0)
+        wg = tl.load(g_ptr, mask=k_ok[:, None] & n_ok[None, :], other=0.0)
+        wu = tl.load(g_ptr + stride_wn, mask=k_ok[:, None] & n_ok[None, :], other=0.0)
+        acc_g += mm(a, wg, UPCAST, PREC)
+        acc_u += mm(a, wu, UPCAST, PREC)
+        x_ptr += BLOCK_K
+        g_ptr += BLOCK_K
+    act = acc_g * tl.sigmoid(acc_g) * acc_u  # silu(gate) * up
+    tl.store(Act + pair[:, None] * stride_ap + offs_n[None, :], act.to(Act.dtype.element_ty),
+             mask=valid[:, None] & n_ok[None, :])  # fmt: skip
+
+
+@triton.jit
+def _moe_down_kernel(
+    Act, W2, Pairs, BlockExpert, Weights, Out,
+    stride_ap, stride_we, stride_wn, stride_ot, stride_os, H, N_INTER, num_pairs,
+    TOPK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    UPCAST: tl.constexpr, PREC: tl.constexpr,
+):  # fmt: skip
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    e = tl.load(BlockExpert + pid_m)
+    if e < 0:
+        return
+    pair = tl.load(Pairs + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))
+    valid = pair < num_pairs
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = offs_n < H
+    offs_k = tl.arange(0, BLOCK_K)
+    a_ptr = Act + pair[:, None] * stride_ap + offs_k[None, :]
+    w_ptr = W2 + e * stride_we + offs_n[None, :] * stride_wn + offs_k[:, None]  # [K, N] view of [H, I]
+    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    for k0 in range(0, N_INTER, BLOCK_K):
+        k_ok = offs_k < N_INTER - k0
+        a = tl.load(a_ptr, mask=valid[:, None] & k_ok[None, :], other=0.0)
+        w = tl.load(w_ptr, mask=k_ok[:, None] & n_ok[None, :], other=0.0)
+        acc += mm(a, w, UPCAST, PREC)
+        a_ptr += BLOCK_K
+        w_ptr += BLOCK_K
+    gate = tl.load(Weights + pair, mask=valid, other=0.0).to(tl.float32)
+    out_ptr = Out + (pair // TOPK)[:, None] * stride_ot + (pair % TOPK)[:, None] * stride_os + offs_n[None, :]
+    tl.store(out_ptr, acc * gate[:, None], mask=valid[:, None] & n_ok[None, :])
+
+
+def moe_align(ids: torch.Tensor, num_experts: int, block_m: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sort (token, slot) pairs by expert, each expert's run padded to a multiple of block_m.
+
+    Returns (pairs [max_blocks * block_m]: flat pair index or num_pairs for padding,
+    block_expert [max_blocks]: the expert of each block or -1 past the end). Device ops only;
+    max_blocks = cdiv(P, block_m) + min(E, P) bounds sum_e cdiv(count_e, block_m).
+    """
+    flat = ids.reshape(-1)
+    n_pairs = flat.numel()
+    max_blocks = -(-n_pairs // block_m) + min(num_experts, n_pairs)
+    counts = torch.zeros(num_experts, dtype=torch.int64, device=ids.device)
+    counts.scatter_add_(0, flat, torch.ones_like(flat))
+    blocks = (counts + block_m - 1) // block_m
+    block_end = torch.cumsum(blocks, 0)
+    order = torch.argsort(flat, stable=True)
+    sorted_e = flat[order]
+    rank = torch.arange(n_pairs, device=ids.device) - (torch.cumsum(counts, 0) - counts)[sorted_e]
+    dest = (block_end - blocks)[sorted_e] * block_m + rank
+    pairs = torch.full((max_blocks * block_m,), n_pairs, dtype=torch.int64, device=ids.device)
+    pairs[dest] = order
+    block_expert = torch.searchsorted(block_end, torch.arange(max_blocks, device=ids.device), right=True)
+    block_expert = torch.where(block_expert < num_experts, block_expert, -1)
+    return pairs, block_expert
+
+
+def _experts_into(
+    x: torch.Tensor,
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    ids: torch.Tensor,
+    weights: torch.Tensor,
+    out: torch.Tensor,  # [T, top_k, H] fp32 view: slot s of token t gets weight * expert(x_t)
+    block_m: int | None,
+) -> None:
+    t, top_k = ids.shape
+    n_exp, two_i, h = w13.shape
+    inter = two_i // 2
+    n_pairs = t * top_k
+    if block_m is None:
+        block_m = 16 if interpreting() or n_pairs < 4 * n_exp else 64
+    pairs, block_expert = moe_align(ids, n_exp, block_m)
+    act = torch.empty(n_pairs, inter, dtype=x.dtype, device=x.device)
+    upcast, prec = dot_mode(x.dtype)
+    bn, bk = (16, 16) if interpreting() else (64, 128)
+    blocks = block_expert.shape[0]
+    _moe_up_kernel[(blocks, triton.cdiv(inter, bn))](
+        x, w13, pairs, block_expert, act, x.stride(0), w13.stride(0), w13.stride(1), act.stride(0), h, inter,
+        n_pairs, TOPK=top_k, BLOCK_M=block_m, BLOCK_N=bn, BLOCK_K=bk, UPCAST=upcast, PREC=prec,
+        num_warps=4, num_stages=3,
+    )  # fmt: skip
+    _moe_down_kernel[(blocks, triton.cdiv(h, bn))](
+        act, w2, pairs, block_expert, weights, out, act.stride(0), w2.stride(0), w2.stride(1),
+        out.stride(0), out.stride(1), h, inter, n_pairs,
+        TOPK=top_k, BLOCK_M=block_m, BLOCK_N=bn, BLOCK_K=bk, UPCAST=upcast, PREC=prec,
+        num_warps=4, num_stages=3,
+    )  # fmt: skip
+
+
+def _check(w13: torch.Tensor, w2: torch.Tensor) -> None:
+    require_triton()
+    if w13.stride(-1) != 1 or w2.stride(-1) != 1 or w13.shape[0] != w2.shape[0]:
+        raise ValueError("fused_moe: expert weights must be [E, 2I, H] and [E, H, I] with contiguous rows")
+
+
+def fused_moe(
+    x: torch.Tensor,  # [T, H]
+    w13: torch.Tensor,  # [E, 2I, H] gate/up rows interleaved
+    w2: torch.Tensor,  # [E, H, I]
+    ids: torch.Tensor,  # [T, k] int64 routed expert ids
+    weights: torch.Tensor,  # [T, k] routing weights
+    shared_w13: torch.Tensor | None = None,  # [S, 2I, H]
+    shared_w2: torch.Tensor | None = None,  # [S, H, I]
+    shared_weights: torch.Tensor | None = None,  # [T, S] sink gammas
+    block_m: int | None = None,
+) -> torch.Tensor:
+    """sum_k w_k E_k(x) (+ sum_s gamma_s Shared_s(x)), summed in fp32, returned in x's dtype."""
+    _check(w13, w2)
+    x = x if x.stride(-1) == 1 else x.contiguous()
+    t, k = ids.shape
+    n_shared = shared_w13.shape[0] if shared_w13 is not None else 0
+    out = torch.empty(t, k + n_shared, x.shape[1], dtype=torch.float32, device=x.device)
+    if t == 0:
+        return torch.zeros_like(x)
+    _experts_into(x, w13, w2, ids, weights.contiguous(), out[:, :k], block_m)
+    if n_shared:
+        _check(shared_w13, shared_w2)
+        shared_ids = torch.arange(n_shared, device=x.device).expand(t, n_shared).contiguous()
+        _experts_into(x, shared_w13, shared_w2, shared_ids, shared_weights.contiguous(), out[:, k:], block_m)
+    return out.sum(1).to(x.dtype)
+
+
+def fused_moe_ref(
+    x: torch.Tensor,
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    ids: torch.Tensor,
+    weights: torch.Tensor,
+    shared_w13: torch.Tensor | None = None,
+    shared_w2: torch.Tensor | None = None,
+    shared_weights: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """The model's RoutedExperts + SharedExperts math, pair by pair in fp32."""
+    out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
+
+    def expert(rows: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        gu = F.linear(rows.float(), a.float()).unflatten(-1, (-1, 2))
+        return F.linear(F.silu(gu[..., 0]) * gu[..., 1], b.float())
+
+    for e in torch.unique(ids).tolist():
+        tok, slot = torch.where(ids == e)
+        out.index_add_(0, tok, expert(x[tok], w13[e], w2[e]) * weights[tok, slot, None].float())
+    if shared_w13 is not None:
+        for s in range(shared_w13.shape[0]):
+            out += expert(x, shared_w13[s], shared_w2[s]) * shared_weights[:, s, None].float()
+    return out.to(x.dtype)

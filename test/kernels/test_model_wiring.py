@@ -1,0 +1,87 @@
+"""The kernels fed with the inkling-tiny model's own modules and tensors give what those modules
+give: the checks behind the model wiring (RMSNorm, the residual-add + norm between the blocks,
+ShortConv, Router, MoE). fp32, Triton's interpreter on CPU."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported
+pytest.importorskip("triton")
+
+from sgl_inkling_kernels.fused_moe import fused_moe  # noqa: E402
+from sgl_inkling_kernels.rmsnorm import fused_add_rmsnorm, rmsnorm  # noqa: E402
+from sgl_inkling_kernels.router import route  # noqa: E402
+from sgl_inkling_kernels.sconv import sconv_decode, sconv_extend  # noqa: E402
+
+from sgl_inkling.mem_cache.memory_pool import SCONV_ATTN, SConvStatePool  # noqa: E402
+from sgl_inkling.model_executor.forward_batch import ForwardBatch, ForwardMode  # noqa: E402
+from sgl_inkling.models.inkling.moe import MoE  # noqa: E402
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+@pytest.fixture(scope="module")
+def model(tiny_path):
+    from sgl_inkling.model_executor.model_loader import load_model
+
+    return load_model(tiny_path, torch.float32, DEVICE, progress=False)
+
+
+def _x(*shape, seed=0):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).to(DEVICE)
+
+
+def test_rmsnorm_and_fused_add_match_modules(model):
+    layer = model.model.llm.layers[1]
+    h, a = _x(9, 64, seed=1), _x(9, 64, seed=2)
+    torch.testing.assert_close(rmsnorm(h, layer.attn_norm.weight, layer.attn_norm.eps), layer.attn_norm(h))
+    q = _x(9, 4, 16, seed=3)  # per-head q norm over [T, heads, head_dim]
+    torch.testing.assert_close(rmsnorm(q, layer.attn.q_norm.weight, layer.attn.q_norm.eps), layer.attn.q_norm(q))
+    normed, summed = fused_add_rmsnorm(a, h, layer.mlp_norm.weight, layer.mlp_norm.eps)
+    torch.testing.assert_close(summed, h + a, atol=0, rtol=0)
+    torch.testing.assert_close(normed, layer.mlp_norm(h + a))
+
+
+def test_router_and_moe_match_modules(model):
+    moe = model.model.llm.layers[2].mlp
+    assert isinstance(moe, MoE)
+    x = _x(11, 64, seed=4)
+    ids_ref, w_ref, g_ref = moe.gate(x)
+    gate = moe.gate
+    logits = torch.nn.functional.linear(x.float(), gate.weight.float())
+    ids, w, g = route(logits, gate.bias, gate.global_scale, gate.top_k, gate.route_scale, x.dtype)
+    order, order_ref = ids.argsort(-1), ids_ref.argsort(-1)
+    assert torch.equal(ids.gather(-1, order), ids_ref.gather(-1, order_ref))
+    torch.testing.assert_close(w.gather(-1, order), w_ref.gather(-1, order_ref))
+    torch.testing.assert_close(g, g_ref)
+    e, s = moe.experts, moe.shared_experts
+    got = fused_moe(x, e.w13_weight, e.w2_weight, ids, w, s.shared_w13_weight, s.shared_w2_weight, g)
+    torch.testing.assert_close(got, moe(x), atol=1e-4, rtol=1e-4)
+
+
+def test_sconv_matches_module(model):
+    conv = model.model.llm.layers[0].attn_sconv
+    layer_id = conv.layer_id
+    pool_ref = SConvStatePool(4, {layer_id: (32, 32, 64, 64)}, 4, DEVICE)
+    pool = SConvStatePool(4, {layer_id: (32, 32, 64, 64)}, 4, DEVICE)
+    rows, prefix = [2, 0], [0, 5]
+    batch = ForwardBatch.build(ForwardMode.EXTEND, [[1] * 6, [2] * 3], rows, prefix, [0] * 9, [0] * 9, DEVICE)
+    batch.sconv_pool = pool_ref
+    for p in (pool_ref, pool):  # the second sequence resumes from a live state
+        p.state(layer_id, SCONV_ATTN)[0] = _x(3, 64, seed=5)
+    x = _x(9, 64, seed=6)
+    want = conv(x, batch)
+    state = pool.state(layer_id, SCONV_ATTN)
+    got = sconv_extend(x, conv.weight, state, batch.req_pool_indices, batch.prefix_lens, batch.extend_lens)
+    torch.testing.assert_close(got, want)
+    torch.testing.assert_close(state, pool_ref.state(layer_id, SCONV_ATTN))
+    dec = ForwardBatch.build(ForwardMode.DECODE, [[3], [4]], rows, [6, 8], [0, 0], [0, 0], DEVICE)
+    dec.sconv_pool = pool_ref
+    x1 = _x(2, 64, seed=7)
+    torch.testing.assert_close(sconv_decode(x1, conv.weight, state, dec.req_pool_indices), conv(x1, dec))
+    torch.testing.assert_close(state, pool_ref.state(layer_id, SCONV_ATTN))
