@@ -14,6 +14,7 @@ reads and writes. Writes one JSON file under benchmark/results/.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import json
 import statistics
@@ -27,6 +28,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "kernels")]
 
+from benchmark.fast_path import fast_path  # noqa: E402
 from sgl_inkling.model_executor.forward_batch import ForwardBatch, ForwardMode  # noqa: E402
 from sgl_inkling.model_executor.model_loader import build_model  # noqa: E402
 from sgl_inkling.model_executor.model_runner import ModelRunner  # noqa: E402
@@ -39,6 +41,9 @@ from sgl_inkling.models.inkling.slice_config import (  # noqa: E402
 )
 from sgl_inkling.models.inkling.tiny import TINY_CONFIG  # noqa: E402
 from sgl_inkling.models.inkling.weights import init_dummy_weights  # noqa: E402
+
+BATCH_TENSORS = ("input_ids", "positions", "req_pool_indices", "prefix_lens", "extend_lens", "out_loc",
+                 "out_loc_swa", "logits_indices")  # fmt: skip
 
 HBM_BYTES_PER_S = 4.3e12  # measured batch-1 bf16 GEMV streaming rate on the H200 (BENCHMARKS.md)
 
@@ -154,9 +159,41 @@ class Seqs:
             r.req_to_token.free(row)
 
 
-def run_batch(model, cfg, bsz: int, args, gen: torch.Generator) -> dict:
+def graph_step_ms(runner: ModelRunner, seqs: Seqs, rand_tokens, steps: int) -> list[float]:
+    """Decode steps replayed from one CUDA graph: the captured batch's tensors are refilled per step."""
+    static = seqs.batch(rand_tokens(1))
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up off the capture stream, as torch recommends
+        runner.forward(static)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        runner.forward(static)
+    times = []
+    for _ in range(steps):
+        fresh = seqs.batch(rand_tokens(1))
+        for name in BATCH_TENSORS:
+            getattr(static, name).copy_(getattr(fresh, name))
+        a = torch.cuda.Event(enable_timing=True)
+        b = torch.cuda.Event(enable_timing=True)
+        a.record()
+        graph.replay()
+        b.record()
+        torch.cuda.synchronize()
+        times.append(a.elapsed_time(b))
+    return times
+
+
+def run_batch(model, cfg, bsz: int, args, gen: torch.Generator, mode: str) -> dict:
+    """One batch size in one mode: `eager` (the model as written) or `kernels` (benchmark/fast_path.py)."""
+    with fast_path() if mode == "kernels" else contextlib.nullcontext():
+        return _run_batch(model, cfg, bsz, args, gen, mode)
+
+
+def _run_batch(model, cfg, bsz: int, args, gen: torch.Generator, mode: str) -> dict:
     clock = Clock(model.model.llm.embed.weight.device)
-    ctx = args.input_len + args.warmup_steps + args.decode_steps + 8
+    ctx = args.input_len + args.warmup_steps + 2 * args.decode_steps + 8
     runner = ModelRunner(model, bsz, ctx, bsz * ctx, attention_backend=args.attention_backend)
     probe = Probe(model, clock)
 
@@ -196,8 +233,14 @@ def run_batch(model, cfg, bsz: int, args, gen: torch.Generator) -> dict:
         for i, layer in enumerate(model.model.llm.layers):
             layer_ms[i].append(clock.ms(marks[(i, "start")], marks[(i, "end")]))
             floors[i].append(layer_floor_bytes(layer, cfg, seqs.lens, probe.routes.get(i)))
-    seqs.free()
     probe.remove()
+    graph_ms, graph_error = None, None
+    if args.cuda_graph and mode == "kernels" and clock.cuda:
+        try:
+            graph_ms = statistics.median(graph_step_ms(runner, seqs, rand_tokens, args.decode_steps))
+        except Exception as e:  # report, keep the eager figures
+            graph_error = f"{type(e).__name__}: {e}"[:500]
+    seqs.free()
 
     llm = model.model.llm
     head_floor = to_ms(nbytes(llm.unembed) + nbytes(llm.norm) + bsz * cfg.vocab_size * 4)
@@ -222,6 +265,7 @@ def run_batch(model, cfg, bsz: int, args, gen: torch.Generator) -> dict:
     step_floor = sum(x["floor_ms"] for x in layers) + head_floor + embed_floor
     step = statistics.median(step_ms)
     return {
+        "mode": mode,
         "batch_size": bsz,
         "input_len": args.input_len,
         "prefill_ms": statistics.median(prefill_ms),
@@ -234,11 +278,16 @@ def run_batch(model, cfg, bsz: int, args, gen: torch.Generator) -> dict:
         "lm_head_floor_ms": head_floor,
         "lm_head_achieved_fraction": head_floor / head,
         "layers": layers,
+        "cuda_graph_step_ms": graph_ms,
+        "cuda_graph_achieved_fraction": step_floor / graph_ms if graph_ms else None,
+        "cuda_graph_error": graph_error,
         "extrapolated_66_layers": {
             "step_ms": step66,
             "tok_per_s_per_user": 1e3 / step66,
             "floor_step_ms": floor66,
             "floor_tok_per_s_per_user": 1e3 / floor66,
+            # Graph replay removes launch gaps; scale the eager per-layer sum by the graph/eager step ratio.
+            "cuda_graph_tok_per_s_per_user": 1e3 / (step66 * graph_ms / step) if graph_ms else None,
         },
     }
 
@@ -253,16 +302,21 @@ def git_commit() -> tuple[str, bool | None]:
 
 
 def print_table(runs: list[dict]) -> None:
-    print(f"{'bs':>4} {'prefill ms':>11} {'step ms':>9} {'floor ms':>9} {'step %':>7} "
-          f"{'layer ms (floor, %)':>34} {'lm head ms (%)':>15} {'tok/s/user@66':>14} {'floor':>7}")  # fmt: skip
+    """One line per (batch size, mode); % = floor / time; graph columns only where a graph ran."""
+    print(f"{'mode':>7} {'bs':>3} {'prefill ms':>10} {'step ms':>8} {'graph ms':>8} {'floor ms':>8} {'%':>4} "
+          f"{'tok/s/user@66':>13} {'floor':>6}  per layer ms (floor %) | lm head ms (%)")  # fmt: skip
     for r in runs:
-        per_layer = " ".join(f"{x['kind'][0]}{x['ms']:.3f}({x['floor_ms']:.3f},{100 * x['achieved_fraction']:.0f}%)"
-                             for x in r["layers"])  # fmt: skip
         e = r["extrapolated_66_layers"]
-        print(f"{r['batch_size']:>4} {r['prefill_ms']:>11.2f} {r['decode_step_ms']:>9.3f} "
-              f"{r['decode_step_floor_ms']:>9.3f} {100 * r['decode_step_achieved_fraction']:>6.1f}% {per_layer:>34} "
-              f"{r['lm_head_ms']:>7.3f} ({100 * r['lm_head_achieved_fraction']:>3.0f}%) "
-              f"{e['tok_per_s_per_user']:>14.1f} {e['floor_tok_per_s_per_user']:>7.1f}")  # fmt: skip
+        graph = r["cuda_graph_step_ms"]
+        best = graph or r["decode_step_ms"]
+        tps = e["cuda_graph_tok_per_s_per_user"] or e["tok_per_s_per_user"]
+        layers = " ".join(f"{x['kind'][0]}{x['ms']:.3f}({100 * x['achieved_fraction']:.0f}%)" for x in r["layers"])
+        print(f"{r['mode']:>7} {r['batch_size']:>3} {r['prefill_ms']:>10.1f} {r['decode_step_ms']:>8.3f} "
+              f"{(f'{graph:.3f}' if graph else '-'):>8} {r['decode_step_floor_ms']:>8.3f} "
+              f"{100 * r['decode_step_floor_ms'] / best:>3.0f}% {tps:>13.1f} {e['floor_tok_per_s_per_user']:>6.1f}  "
+              f"{layers} | {r['lm_head_ms']:.3f} ({100 * r['lm_head_achieved_fraction']:.0f}%)")  # fmt: skip
+        if r["cuda_graph_error"]:
+            print(f"        cuda graph failed: {r['cuda_graph_error']}")
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -276,6 +330,11 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--warmup-steps", type=int, default=3)
     p.add_argument("--prefill-repeats", type=int, default=2)
     p.add_argument("--attention-backend", choices=("torch_native", "triton"), default=None)
+    p.add_argument("--fast-path", choices=("eager", "kernels"), nargs="+", default=None,
+                   help="eager: the model as written; kernels: norms, convs, router and MoE through the "
+                   "Triton kernels (default on CUDA: both)")
+    p.add_argument("--cuda-graph", action="store_true", help="also time decode replayed from a CUDA graph "
+                   "(kernels mode only: the eager MoE syncs with the host)")
     p.add_argument("--load-format", choices=("dummy",), default="dummy")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--result-file", type=Path, default=None)
@@ -294,7 +353,8 @@ def main(argv: list[str] | None = None) -> dict:
     Clock(device).sync()
     print(f"{name}: built {nbytes(model) / 1e9:.1f} GB of dummy weights on {device} in {time.perf_counter() - t0:.1f} s")
     gen = torch.Generator().manual_seed(args.seed)
-    runs = [run_batch(model, config.text, bsz, args, gen) for bsz in args.batch_size]
+    modes = args.fast_path or (["eager", "kernels"] if cuda else ["eager"])
+    runs = [run_batch(model, config.text, bsz, args, gen, m) for bsz in args.batch_size for m in modes]
 
     try:
         import triton
@@ -316,7 +376,7 @@ def main(argv: list[str] | None = None) -> dict:
         "triton": triton_version,
         "dtype": str(dtype).removeprefix("torch."),
         "attention_backend": args.attention_backend,
-        "cuda_graph": False,
+        "cuda_graph": bool(args.cuda_graph),
         "load_format": args.load_format,
         "bandwidth_bytes_per_s": HBM_BYTES_PER_S,
         "decode_steps": args.decode_steps,

@@ -160,16 +160,28 @@ def fused_moe(
     shared_w2: torch.Tensor | None = None,  # [S, H, I]
     shared_weights: torch.Tensor | None = None,  # [T, S] sink gammas
     block_m: int | None = None,
+    max_tokens: int = 4096,
 ) -> torch.Tensor:
-    """sum_k w_k E_k(x) (+ sum_s gamma_s Shared_s(x)), summed in fp32, returned in x's dtype."""
+    """sum_k w_k E_k(x) (+ sum_s gamma_s Shared_s(x)), summed in fp32, returned in x's dtype.
+
+    Long prefills go through in chunks of `max_tokens`: the per-pair fp32 buffer is
+    [tokens, k + S, H], 13 GB for 64K tokens at Inkling's width if taken whole.
+    """
     _check(w13, w2)
     x = x if x.stride(-1) == 1 else x.contiguous()
     t, k = ids.shape
+    if t > max_tokens:
+        out = torch.empty_like(x)
+        for a in range(0, t, max_tokens):
+            b = min(t, a + max_tokens)
+            sw = shared_weights[a:b] if shared_weights is not None else None
+            out[a:b] = fused_moe(x[a:b], w13, w2, ids[a:b], weights[a:b], shared_w13, shared_w2, sw, block_m, max_tokens)
+        return out
     n_shared = shared_w13.shape[0] if shared_w13 is not None else 0
     out = torch.empty(t, k + n_shared, x.shape[1], dtype=torch.float32, device=x.device)
     if t == 0:
         return torch.zeros_like(x)
-    _experts_into(x, w13, w2, ids, weights.contiguous(), out[:, :k], block_m)
+    _experts_into(x, w13, w2, ids.contiguous(), weights.contiguous(), out[:, :k], block_m)
     if n_shared:
         _check(shared_w13, shared_w2)
         shared_ids = torch.arange(n_shared, device=x.device).expand(t, n_shared).contiguous()

@@ -54,6 +54,11 @@ def test_fused_moe_routed_only_and_block_sizes(block_m):
     torch.testing.assert_close(got, fused_moe_ref(x, w13, w2, ids, weights), atol=1e-4, rtol=1e-4)
 
 
+def test_fused_moe_token_chunks_agree():
+    args = _problem(*SHAPES[-1], torch.float32, seed=6)
+    torch.testing.assert_close(fused_moe(*args, max_tokens=3), fused_moe(*args), atol=1e-5, rtol=1e-5)
+
+
 def test_moe_align_covers_every_pair_once():
     ids = torch.tensor([[3, 1], [3, 0], [1, 3], [7, 3]], device=DEVICE)
     pairs, block_expert = moe_align(ids, 8, 2)

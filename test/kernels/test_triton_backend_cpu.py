@@ -22,3 +22,16 @@ def test_triton_backend_matches_torch_native_on_cpu(tiny_model):
     assert got_tokens == want_tokens
     for g, w in zip(got, want):
         torch.testing.assert_close(g, w, atol=2e-4, rtol=2e-4)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CUDA variant lives in test/gpu")
+def test_full_fast_path_matches_reference_on_cpu(tiny_model):
+    """Every kernel wired in (benchmark/fast_path.py) plus the triton backend, vs the eager model."""
+    from benchmark.fast_path import fast_path
+
+    want, want_tokens = run_scenario(tiny_model, "torch_native", decode_steps=2)
+    with fast_path(force=True):
+        got, got_tokens = run_scenario(tiny_model, "triton", decode_steps=2)
+    assert got_tokens == want_tokens
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, atol=5e-4, rtol=5e-4)
