@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime as dt
+import gc
 import json
 import statistics
 import subprocess
@@ -70,12 +71,17 @@ class Clock:
 
 
 class Probe:
-    """Marks every trunk layer's start and end, and keeps each MoE's routing ids (no host sync)."""
+    """Marks every trunk layer's start and end, and keeps each MoE's input (no host sync).
+
+    The routing a step used is recomputed from those inputs afterwards, outside the timing, with the
+    model's own router (the fast path's kernel router selects the same experts).
+    """
 
     def __init__(self, model, clock: Clock):
         self.clock = clock
         self.marks: list[tuple[int, str, object]] = []
-        self.routes: dict[int, torch.Tensor] = {}
+        self.moe_inputs: dict[int, torch.Tensor] = {}
+        self.keep_inputs = False
         self.handles = []
         for i, layer in enumerate(model.model.llm.layers):
             self.handles.append(layer.register_forward_pre_hook(
@@ -83,12 +89,19 @@ class Probe:
             self.handles.append(layer.register_forward_hook(
                 lambda _m, _a, _o, i=i: self.marks.append((i, "end", clock.mark()))))  # fmt: skip
             if isinstance(layer.mlp, MoE):
-                self.handles.append(layer.mlp.gate.register_forward_hook(
-                    lambda _m, _a, out, i=i: self.routes.__setitem__(i, out[0])))  # fmt: skip
+                self.handles.append(layer.mlp.register_forward_pre_hook(lambda _m, a, i=i: self._keep(i, a[0])))
+
+    def _keep(self, i: int, x: torch.Tensor) -> None:
+        if self.keep_inputs:
+            self.moe_inputs[i] = x
+
+    def routed_ids(self, model, i: int) -> torch.Tensor | None:
+        x = self.moe_inputs.get(i)
+        return None if x is None else model.model.llm.layers[i].mlp.gate(x)[0]
 
     def reset(self) -> None:
         self.marks.clear()
-        self.routes.clear()
+        self.moe_inputs.clear()
 
     def remove(self) -> None:
         for h in self.handles:
@@ -188,7 +201,11 @@ def graph_step_ms(runner: ModelRunner, seqs: Seqs, rand_tokens, steps: int) -> l
 def run_batch(model, cfg, bsz: int, args, gen: torch.Generator, mode: str) -> dict:
     """One batch size in one mode: `eager` (the model as written) or `kernels` (benchmark/fast_path.py)."""
     with fast_path() if mode == "kernels" else contextlib.nullcontext():
-        return _run_batch(model, cfg, bsz, args, gen, mode)
+        result = _run_batch(model, cfg, bsz, args, gen, mode)
+    gc.collect()  # the run's KV pools and CUDA graph go before the next run allocates its own
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    return result
 
 
 def _run_batch(model, cfg, bsz: int, args, gen: torch.Generator, mode: str) -> dict:
@@ -217,6 +234,7 @@ def _run_batch(model, cfg, bsz: int, args, gen: torch.Generator, mode: str) -> d
     step_ms, head_ms, embed_ms = [], [], []
     layer_ms: list[list[float]] = [[] for _ in range(n_layers)]
     floors: list[list[int]] = [[] for _ in range(n_layers)]
+    probe.keep_inputs = True
     for step in range(args.warmup_steps + args.decode_steps):
         batch = seqs.batch(rand_tokens(1))
         probe.reset()
@@ -232,7 +250,8 @@ def _run_batch(model, cfg, bsz: int, args, gen: torch.Generator, mode: str) -> d
         head_ms.append(clock.ms(marks[(n_layers - 1, "end")], b))
         for i, layer in enumerate(model.model.llm.layers):
             layer_ms[i].append(clock.ms(marks[(i, "start")], marks[(i, "end")]))
-            floors[i].append(layer_floor_bytes(layer, cfg, seqs.lens, probe.routes.get(i)))
+            floors[i].append(layer_floor_bytes(layer, cfg, seqs.lens, probe.routed_ids(model, i)))
+    probe.reset()
     probe.remove()
     graph_ms, graph_error = None, None
     if args.cuda_graph and mode == "kernels" and clock.cuda:

@@ -2,9 +2,11 @@
 # Issue 7 on the H200, in one call from the project root:
 #   1. the kernel and GPU tests (test/kernels, test/gpu),
 #   2. bench_one_batch on inkling-slice (dummy weights) at batch 1 and batch 64,
-# then a short table; logs, junit XML and the JSON results are copied to $OUT (default:
-# benchmark/results/gpu_run). About 5-7 minutes, at most 9.5 (stage time limits); each stage has its own time limit so one hang
-# cannot eat the others. Exit status: non-zero if any stage failed (all stages still run).
+# then a short table; logs, junit XML and the JSON results are written to $OUT (default:
+# benchmark/results/gpu_run) and the JSON also to benchmark/results/. Expected 5-7 minutes; the stage
+# time limits (230 + 170 + 170 s) keep the whole under 10 minutes, and one hang cannot eat the
+# other stages. Exit status: non-zero if any stage failed (all stages still run).
+# Needs: torch with CUDA, triton, safetensors, tqdm, numpy (the kernels, the model and inkling-tiny).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH="$PWD/kernels:$PWD/python:$PWD${PYTHONPATH:+:$PYTHONPATH}"
