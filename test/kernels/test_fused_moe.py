@@ -17,16 +17,19 @@ CUDA = torch.cuda.is_available()
 DEVICE = "cuda" if CUDA else "cpu"
 # (experts, shared, top_k, hidden, intermediate, tokens)
 if CUDA:
-    SHAPES = [(256, 2, 6, 6144, 3072, 1), (256, 2, 6, 6144, 3072, 64), (8, 2, 2, 100, 48, 5)]
+    # Full width with fewer experts (256 full-width experts would be 29 GB per dtype), and all 256
+    # experts at a narrow width for the routing breadth.
+    SHAPES = [(32, 2, 6, 6144, 3072, 1), (32, 2, 6, 6144, 3072, 64), (256, 2, 6, 256, 128, 200), (8, 2, 2, 100, 48, 5)]
 else:
     SHAPES = [(8, 2, 2, 32, 16, 1), (8, 2, 2, 40, 24, 7), (16, 1, 3, 32, 32, 20)]
 
 
 def _problem(e, s, k, h, i, t, dtype, seed):
     g = torch.Generator().manual_seed(seed)
+    gd = torch.Generator(device=DEVICE).manual_seed(seed)  # large weights are drawn on the device
 
     def rnd(*shape, scale=1.0):
-        return (torch.randn(*shape, generator=g) * scale).to(DEVICE, dtype)
+        return (torch.randn(*shape, generator=gd, device=DEVICE) * scale).to(dtype)
 
     x = rnd(t, h)
     w13, w2 = rnd(e, 2 * i, h, scale=h**-0.5), rnd(e, h, i, scale=i**-0.5)
