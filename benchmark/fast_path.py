@@ -14,10 +14,6 @@ import contextlib
 from collections.abc import Iterator
 
 import torch
-from sgl_inkling_kernels.fused_moe import fused_moe
-from sgl_inkling_kernels.rmsnorm import fused_add_rmsnorm, rmsnorm
-from sgl_inkling_kernels.router import route
-from sgl_inkling_kernels.sconv import sconv_decode, sconv_extend
 
 from sgl_inkling.layers.linear import linear
 from sgl_inkling.model_executor.forward_batch import ForwardBatch, ForwardMode
@@ -25,6 +21,10 @@ from sgl_inkling.models.inkling.decoder_layer import DecoderLayer
 from sgl_inkling.models.inkling.moe import MoE
 from sgl_inkling.models.inkling.norm import RMSNorm
 from sgl_inkling.models.inkling.sconv import ShortConv
+from sgl_inkling_kernels.fused_moe import fused_moe
+from sgl_inkling_kernels.rmsnorm import fused_add_rmsnorm, rmsnorm
+from sgl_inkling_kernels.router import route
+from sgl_inkling_kernels.sconv import sconv_decode, sconv_extend
 
 
 def _rmsnorm_forward(self: RMSNorm, x: torch.Tensor) -> torch.Tensor:

@@ -54,6 +54,7 @@ class ServerArgs:
     max_prefill_tokens: int = 16384
     schedule_policy: str = "lpm"  # longest cached prefix first when the queue is long (aging prevents starvation)
     disable_radix_cache: bool = False
+    sconv_checkpoint_interval: int | None = None  # None: 4 x the sliding window
     stream_interval: int = 1
     # Parallelism and kernels
     tp_size: int = 1
@@ -112,6 +113,10 @@ class ServerArgs:
         g.add_argument("--schedule-policy", choices=SCHEDULE_POLICIES, default=d.schedule_policy,
                        help="fcfs: arrival order; lpm: longest cached prefix first.")
         g.add_argument("--disable-radix-cache", action="store_true")
+        g.add_argument("--sconv-checkpoint-interval", type=int, default=None,
+                       help="Prompt tokens between short-conv checkpoints in the prefix cache (default: "
+                       "4x the sliding window). A first request diverging from a cached prefix recomputes "
+                       "less than this; later ones resume exactly at the divergence.")
         g.add_argument("--stream-interval", type=int, default=d.stream_interval,
                        help="Decode steps between streamed chunks.")
 
@@ -186,6 +191,7 @@ class ServerArgs:
             ("--stream-interval", self.stream_interval),
             ("--max-payload-bytes", self.max_payload_bytes),
             ("--watchdog-timeout", self.watchdog_timeout),
+            ("--sconv-checkpoint-interval", self.sconv_checkpoint_interval),
         ):
             if value is not None and value <= 0:
                 fail(flag, f"must be positive, got {value}")

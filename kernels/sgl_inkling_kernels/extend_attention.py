@@ -13,6 +13,7 @@ Reference: `attention_ref.paged_attention_ref`.
 from __future__ import annotations
 
 import torch
+
 from sgl_inkling_kernels._triton import dot_mode, interpreting, mm, next_pow2, require_triton, tl, triton
 from sgl_inkling_kernels.attention_ref import paged_attention_ref
 

@@ -7,6 +7,7 @@ and that rounded sum is what gets normalised. One program per row.
 from __future__ import annotations
 
 import torch
+
 from sgl_inkling_kernels._triton import next_pow2, require_triton, tl, triton
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+
 from sgl_inkling_kernels._triton import next_pow2, require_triton, tl, triton
 
 

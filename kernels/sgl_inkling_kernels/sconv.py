@@ -10,6 +10,7 @@ grid depends on shapes only (CUDA-graph safe, no host sync).
 from __future__ import annotations
 
 import torch
+
 from sgl_inkling_kernels._triton import interpreting, next_pow2, require_triton, tl, triton
 
 

@@ -34,7 +34,8 @@ class Req:
     # Prefix cache: [0, owned) of the tables belongs to the radix tree (locked at last_node).
     owned: int = 0
     last_node: Any = None
-    divergence: int | None = None  # end the first chunk here so a checkpoint lands at the split
+    divergence: int | None = None  # longest cached match when it had no checkpoint: snapshot there
+    pending_ckpts: dict[int, int] = field(default_factory=dict)  # position -> snapshot slot, not yet cached
     admitted_once: bool = False
     arrival: float = field(default_factory=time.monotonic)
 

@@ -54,13 +54,13 @@ class Scheduler:
             cfg.sliding_window_size,
             enable_cache=not server_args.disable_radix_cache,
             num_checkpoints=sizes.num_checkpoints,
-            grid=chunk if chunk and chunk > 0 else 0,
+            interval=server_args.sconv_checkpoint_interval or 4 * cfg.sliding_window_size,
         )
         self.policy = SchedulePolicy(server_args.schedule_policy, self.kv.radix)
         self.sampler = Sampler(server_args.random_seed, return_original_logprob=True)
         self.waiting: deque[Req] = deque()
         self.running: list[Req] = []
-        self.chunked: Req | None = None
+        self.partial: list[Req] = []  # prefill begun, not finished: they hold memory, so go first
         self.outbox: list[Req] = []
         self.num_retracted = 0
         self.num_finished = 0
@@ -86,7 +86,7 @@ class Scheduler:
 
     def event_loop(self) -> None:
         while True:
-            self.recv_requests(block=not (self.waiting or self.running or self.chunked))
+            self.recv_requests(block=not (self.waiting or self.running or self.partial))
             try:
                 self.step()
             except Exception as e:  # a bug must cost the requests in flight, not the server
@@ -95,17 +95,17 @@ class Scheduler:
             self.flush_outbox()
 
     def step(self) -> None:
-        if (self.waiting or self.chunked) and self.run_prefill():
+        if (self.waiting or self.partial) and self.run_prefill():
             return
         if self.running:
             self.run_decode()
 
     def fail_in_flight(self, message: str) -> None:
-        for req in self.running + ([self.chunked] if self.chunked else []):
+        for req in self.running + self.partial:
             req.finished_reason = {"type": "abort", "message": message}
             self.kv.free(req)  # state may be inconsistent: never cache it
             self.outbox.append(req)
-        self.running, self.chunked = [], None
+        self.running, self.partial = [], []
 
     def recv_requests(self, block: bool) -> None:
         flags = 0 if block else zmq.NOBLOCK
@@ -130,7 +130,7 @@ class Scheduler:
             logger.warning("scheduler ignored unknown message %r", type(msg))
 
     def flush_cache(self) -> io.FlushCacheResp:
-        if self.waiting or self.running or self.chunked:
+        if self.waiting or self.running or self.partial:
             return io.FlushCacheResp(False, "cannot flush the cache while requests are running")
         if self.kv.radix is not None:
             self.kv.radix.flush()
@@ -140,7 +140,7 @@ class Scheduler:
         return {
             **self.kv.stats(),
             **self.ready_info(),
-            "num_running_reqs": len(self.running) + (self.chunked is not None),
+            "num_running_reqs": len(self.running) + len(self.partial),
             "num_waiting_reqs": len(self.waiting),
             "num_retracted_reqs": self.num_retracted,
             "num_finished_reqs": self.num_finished,
@@ -149,12 +149,12 @@ class Scheduler:
     # ---------------------------------------------------------------- prefill
 
     def run_prefill(self) -> bool:
-        """Admit waiting requests (and continue a chunked one) within the token and memory budget."""
+        """Continue partially prefilled requests, then admit waiting ones, within the token and memory budget."""
         budget = self.chunk_budget
         batch: list[tuple[Req, int, tuple]] = []
         # Keep one decode slot per running request free so admission never forces a retraction.
         reserve = len(self.running)
-        for req in ([self.chunked] if self.chunked else []) + self.policy.order(self.waiting):
+        for req in self.partial + self.policy.order(self.waiting):
             if budget <= 0:
                 break
             fresh = req.row is None
@@ -168,8 +168,7 @@ class Scheduler:
                     continue
                 if not self.kv.admit(req):
                     break
-            n = min(len(req.fill_ids), self.kv.next_stop(req)) - req.kv_len
-            n = min(n, budget)
+            n = min(len(req.fill_ids) - req.kv_len, budget)
             locs = self.kv.alloc(req, n) if self.kv.ensure(n + reserve, n + reserve) else None
             if locs is None:
                 if fresh:
@@ -181,8 +180,8 @@ class Scheduler:
             reserve += 1
         if not batch:
             return False
-        if self.chunked is batch[0][0]:
-            self.chunked = None  # forward_extend sets it again if the request is still not done
+        scheduled = {id(r) for r, _, _ in batch}
+        self.partial = [r for r in self.partial if id(r) not in scheduled]  # forward_extend re-adds
         self.forward_extend(batch)
         return True
 
@@ -210,6 +209,9 @@ class Scheduler:
             self.runner.device,
             logits_counts=counts,
         )
+        if self.kv.radix is not None:
+            fb.sconv_snapshots = {i: self.kv.snapshot_plan(r, n) for i, (r, n, _) in enumerate(batch)}
+            fb.sconv_checkpoints = self.kv.radix.ckpts
         logits = self.runner.forward(fb).logits
         done, done_logits, offset = [], [], 0
         for (req, n, _), k in zip(batch, counts):
@@ -218,13 +220,12 @@ class Scheduler:
             if req.wants_input_logprobs:
                 self._collect_input_logprobs(req, rows, n)
             req.kv_len += n
-            self.kv.release_window(req)
-            self.kv.cache_prefix(req)  # every chunk end is a checkpoint others can resume from
+            self.kv.after_extend(req)
             if req.kv_len == len(req.fill_ids):
                 done.append(req)
                 done_logits.append(rows[-1])
             else:
-                self.chunked = req
+                self.partial.append(req)
         if done:
             self.sample_and_advance(done, torch.stack(done_logits))
             self.running.extend(r for r in done if not r.finished)
@@ -329,7 +330,7 @@ class Scheduler:
         self.outbox.append(req)
 
     def abort(self, rid: str) -> None:
-        pool = list(self.waiting) + self.running + ([self.chunked] if self.chunked else [])
+        pool = list(self.waiting) + self.running + self.partial
         for req in pool:
             if rid and req.rid != rid:
                 continue
@@ -337,8 +338,8 @@ class Scheduler:
                 self.waiting.remove(req)
             if req in self.running:
                 self.running.remove(req)
-            if req is self.chunked:
-                self.chunked = None
+            if req in self.partial:
+                self.partial.remove(req)
             self.finish(req, {"type": "abort", "message": "aborted"})
         self.flush_outbox()
 

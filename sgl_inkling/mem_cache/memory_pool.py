@@ -36,12 +36,15 @@ class ReqToTokenPool:
 
 
 class TokenSlotAllocator:
-    """Free list over the slots of one KV pool (slot 0 reserved)."""
+    """Free list over the slots of one KV pool (slot 0 reserved). A bitmap catches double frees,
+    which would otherwise hand one slot to two owners and silently corrupt the cache."""
 
     def __init__(self, num_slots: int):
         self.num_slots = num_slots
         self._free = torch.arange(1, num_slots + 1, dtype=torch.int64)
         self._n_free = num_slots
+        self._is_free = torch.ones(num_slots + 1, dtype=torch.bool)
+        self._is_free[0] = False
 
     @property
     def available(self) -> int:
@@ -52,6 +55,7 @@ class TokenSlotAllocator:
             return None
         out = self._free[self._n_free - n : self._n_free].clone()
         self._n_free -= n
+        self._is_free[out] = False
         return out
 
     def free(self, slots: torch.Tensor) -> None:
@@ -59,8 +63,9 @@ class TokenSlotAllocator:
         n = slots.numel()
         if n == 0:
             return
-        if self._n_free + n > self.num_slots:
-            raise RuntimeError("KV slot double free")
+        if bool(self._is_free[slots].any()) or slots.unique().numel() != n:
+            raise RuntimeError("KV slot double free (or the padding slot)")
+        self._is_free[slots] = True
         self._free[self._n_free : self._n_free + n] = slots
         self._n_free += n
 

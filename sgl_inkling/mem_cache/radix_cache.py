@@ -141,9 +141,19 @@ class RadixCache:
         empty = torch.empty(0, dtype=torch.int64)
         return MatchResult(0, matched, self.root, empty, empty, None)
 
-    def insert(self, tokens: list[int], full: torch.Tensor, swa: torch.Tensor, ckpt: int | None) -> TreeNode:
-        """Adopt a request's prefix. Slots duplicating cached ones are freed: the caller must re-read
-        the slots of its prefix from the returned path (`slots_of`)."""
+    def insert(
+        self,
+        tokens: list[int],
+        full: torch.Tensor,
+        swa: torch.Tensor,
+        ckpt: int | None,
+        inner_ckpts: dict[int, int] | None = None,
+    ) -> TreeNode:
+        """Adopt a request's prefix, with a conv checkpoint at its end and at `inner_ckpts` positions.
+
+        Slots duplicating cached ones are freed, so the caller must re-read the slots of its prefix
+        from the returned node (`slots_of`) and must not insert the same slots again.
+        """
         node, pos = self.root, 0
         now = time.monotonic()
         while pos < len(tokens):
@@ -162,12 +172,19 @@ class RadixCache:
             node, pos = child, pos + n
             node.last_access = now
         node.last_access = now
-        if ckpt is not None:
-            if node.ckpt is None and node is not self.root:
-                node.ckpt = ckpt
-            else:
-                self.ckpts.free(ckpt)
+        self._attach_ckpt(node, ckpt)
+        for p, slot in sorted((inner_ckpts or {}).items()):
+            # Walking to p splits the node that contains p, so a node ends exactly there.
+            self._attach_ckpt(self._walk(tokens[:p])[-1], slot)
         return node
+
+    def _attach_ckpt(self, node: TreeNode, slot: int | None) -> None:
+        if slot is None:
+            return
+        if node.ckpt is None and node is not self.root:
+            node.ckpt = slot
+        else:
+            self.ckpts.free(slot)  # an equal snapshot is already there
 
     def _absorb(self, node: TreeNode, full: torch.Tensor, swa: torch.Tensor) -> None:
         dup = full != node.full

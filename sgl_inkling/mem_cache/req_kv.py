@@ -15,10 +15,10 @@ from sgl_inkling.model_executor.model_runner import ModelRunner
 
 
 class ReqKVManager:
-    def __init__(self, runner: ModelRunner, window: int, enable_cache: bool, num_checkpoints: int, grid: int):
+    def __init__(self, runner: ModelRunner, window: int, enable_cache: bool, num_checkpoints: int, interval: int):
         self.runner = runner
         self.window = window
-        self.grid = grid  # chunk ends align to multiples of this (each chunk end is a checkpoint)
+        self.interval = interval  # a conv checkpoint every this many prompt tokens (0: none)
         self.full = runner.full_pool.allocator
         self.swa = runner.swa_pool.allocator
         self.rows = runner.req_to_token
@@ -56,13 +56,27 @@ class ReqKVManager:
             req.admitted_once = True
         return True
 
-    def next_stop(self, req: Req) -> int:
-        """Where the next prefill chunk of this request should end at the latest."""
-        if req.divergence is not None and req.kv_len < req.divergence:
-            return req.divergence
-        if self.radix is not None and self.grid > 0:
-            return (req.kv_len // self.grid + 1) * self.grid
-        return len(req.fill_ids)
+    def snapshot_plan(self, req: Req, n: int) -> list[tuple[int, int]]:
+        """Checkpoint slots for the positions inside the next chunk that deserve one: every
+        `interval` tokens (a later divergence then recomputes less than one interval) and the
+        divergence point found at admission (later requests resume exactly there)."""
+        if self.radix is None:
+            return []
+        start, end = req.kv_len, req.kv_len + n
+        points = set()
+        if self.interval > 0:
+            points.update(range((start // self.interval + 1) * self.interval, end, self.interval))
+        if req.divergence is not None and start < req.divergence < end:
+            points.add(req.divergence)
+        plan = []
+        for p in sorted(points):
+            self.radix.evict(ckpts=1)
+            slot = self.radix.ckpts.take()
+            if slot is None:
+                break
+            plan.append((p - start, slot))
+            req.pending_ckpts[p] = slot
+        return plan
 
     # ---------------------------------------------------------------- allocation
 
@@ -94,16 +108,36 @@ class ReqKVManager:
 
     # ---------------------------------------------------------------- prefix cache
 
+    def after_extend(self, req: Req) -> None:
+        if self.radix is None:
+            self.release_window(req)
+        else:
+            self.cache_prefix(req)  # every chunk end is a checkpoint others can resume from
+
     def cache_prefix(self, req: Req) -> None:
-        """Hand [0, kv_len) to the radix tree with a conv checkpoint at kv_len; keep it locked."""
+        """Hand [0, kv_len) to the radix tree with conv checkpoints at kv_len and at the snapshots
+        taken during the chunk; keep it locked. Sliding KV is kept only before checkpoints."""
         if self.radix is None or req.row is None or req.kv_len == 0:
             return
         self.radix.evict(ckpts=1)
-        ckpt = self.radix.ckpts.save(req.row)
+        end_ckpt = self.radix.ckpts.save(req.row)
         n = req.kv_len
-        node = self.radix.insert(
-            req.fill_ids[:n], self.rows.full[req.row, :n].cpu(), self.rows.swa[req.row, :n].cpu(), ckpt
-        )
+        points = sorted(req.pending_ckpts) + [n]
+        lo = max(req.owned, req.swa_released)
+        if n > lo:
+            keep = torch.zeros(n - lo, dtype=torch.bool)
+            for p in points:
+                keep[max(lo, p - self.window + 1) - lo : max(lo, p) - lo] = True
+            seg = self.rows.swa[req.row, lo:n].cpu()
+            drop = ~keep & (seg != 0)
+            if bool(drop.any()):
+                self.swa.free(seg[drop])
+                seg[drop] = 0
+                self.rows.swa[req.row, lo:n] = seg.to(self.runner.device)
+        tokens = req.fill_ids[:n]
+        full, swa = self.rows.full[req.row, :n].cpu(), self.rows.swa[req.row, :n].cpu()
+        node = self.radix.insert(tokens, full, swa, end_ckpt, dict(req.pending_ckpts))
+        req.pending_ckpts.clear()
         # Duplicates of cached slots were freed: point the tables at the tree's copies.
         full, swa = self.radix.slots_of(node)
         dev = self.runner.device
@@ -121,8 +155,12 @@ class ReqKVManager:
         self.full.free(self.rows.full[req.row, req.owned : req.kv_len])
         swa = self.rows.swa[req.row, max(req.owned, req.swa_released) : req.kv_len]
         self.swa.free(swa[swa != 0])
-        if self.radix is not None and req.last_node is not None:
-            self.radix.unlock(req.last_node)
+        if self.radix is not None:
+            if req.last_node is not None:
+                self.radix.unlock(req.last_node)
+            for slot in req.pending_ckpts.values():
+                self.radix.ckpts.free(slot)
+        req.pending_ckpts.clear()
         self.rows.free(req.row)
         req.row, req.kv_len, req.owned, req.swa_released, req.last_node = None, 0, 0, 0, None
 

@@ -26,11 +26,15 @@ class SConvCheckpointPool:
     def bytes_per_checkpoint(self) -> int:
         return self.live.bytes_per_slot()
 
+    def take(self) -> int | None:
+        """A free slot for the model to write a snapshot into; None when the pool is full."""
+        return self._free.pop() if self._free else None
+
     def save(self, row: int) -> int | None:
         """Snapshot the live state of request slot `row`; None when the pool is full."""
-        if not self._free:
+        slot = self.take()
+        if slot is None:
             return None
-        slot = self._free.pop()
         for layer, ts in self.live.states.items():
             for dst, src in zip(self.store[layer], ts):
                 dst[slot] = src[row]

@@ -39,6 +39,10 @@ class ForwardBatch:
     # Attached by the model runner: where attention and short-conv layers find their state.
     attn_backend: Any = None
     sconv_pool: Any = None
+    # Short-conv snapshots to take during an extend, for the prefix cache: per sequence of the
+    # batch, (tokens of this chunk processed, checkpoint slot) pairs, into `sconv_checkpoints`.
+    sconv_snapshots: dict[int, list[tuple[int, int]]] = field(default_factory=dict)
+    sconv_checkpoints: Any = None
 
     @property
     def batch_size(self) -> int:

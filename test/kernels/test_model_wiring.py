@@ -13,14 +13,13 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported
 pytest.importorskip("triton")
 
+from sgl_inkling.mem_cache.memory_pool import SCONV_ATTN, SConvStatePool  # noqa: E402
+from sgl_inkling.model_executor.forward_batch import ForwardBatch, ForwardMode  # noqa: E402
+from sgl_inkling.models.inkling.moe import MoE  # noqa: E402
 from sgl_inkling_kernels.fused_moe import fused_moe  # noqa: E402
 from sgl_inkling_kernels.rmsnorm import fused_add_rmsnorm, rmsnorm  # noqa: E402
 from sgl_inkling_kernels.router import route  # noqa: E402
 from sgl_inkling_kernels.sconv import sconv_decode, sconv_extend  # noqa: E402
-
-from sgl_inkling.mem_cache.memory_pool import SCONV_ATTN, SConvStatePool  # noqa: E402
-from sgl_inkling.model_executor.forward_batch import ForwardBatch, ForwardMode  # noqa: E402
-from sgl_inkling.models.inkling.moe import MoE  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 

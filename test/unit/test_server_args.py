@@ -40,7 +40,7 @@ def test_defaults_on_cpu(no_cuda):
     assert a.chunked_prefill_size == 512 and a.mem_fraction_static is None
     assert a.max_prefill_tokens == 16384 and a.max_payload_bytes == 8 * 1024 * 1024
     assert a.stream_interval == 1 and a.watchdog_timeout == 300
-    assert a.schedule_policy == "fcfs" and a.attention_backend == "torch_native"
+    assert a.schedule_policy == "lpm" and a.attention_backend == "torch_native"
     assert not a.disable_radix_cache and not a.enable_metrics and not a.skip_server_warmup
 
 
@@ -66,13 +66,13 @@ def test_aliases_and_served_name(no_cuda):
 def test_flags_reach_fields(no_cuda):
     a = parse_server_args([
         "--port", "8000", "--reasoning-parser", "inkling", "--tool-call-parser", "inkling",
-        "--disable-radix-cache", "--trust-remote-code", "--schedule-policy", "lpm", "--api-key", "k",
+        "--disable-radix-cache", "--trust-remote-code", "--schedule-policy", "fcfs", "--api-key", "k",
         "--load-format", "dummy", "--random-seed", "7", "--log-level", "debug", "--enable-metrics",
     ])
     assert a.port == 8000 and a.reasoning_parser == "inkling" and a.tool_call_parser == "inkling"
     assert a.disable_radix_cache and a.trust_remote_code and a.enable_metrics
     assert (a.schedule_policy, a.api_key, a.load_format, a.random_seed, a.log_level) == (
-        "lpm", "k", "dummy", 7, "debug")
+        "fcfs", "k", "dummy", 7, "debug")
 
 
 # --- argparse-level rejection -------------------------------------------------------------

@@ -7,12 +7,12 @@ can be captured in a CUDA graph. Extend sizes its grid from the batch's host-sid
 from __future__ import annotations
 
 import torch
-from sgl_inkling_kernels.decode_attention import decode_attention, default_num_splits
-from sgl_inkling_kernels.extend_attention import extend_attention
 
 from sgl_inkling.layers.attention.base import AttentionBackend, AttnLayerSpec
 from sgl_inkling.mem_cache.memory_pool import KVPool, ReqToTokenPool
 from sgl_inkling.model_executor.forward_batch import ForwardBatch, ForwardMode
+from sgl_inkling_kernels.decode_attention import decode_attention, default_num_splits
+from sgl_inkling_kernels.extend_attention import extend_attention
 
 
 class TritonBackend(AttentionBackend):

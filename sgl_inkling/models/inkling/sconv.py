@@ -27,7 +27,7 @@ class ShortConv(nn.Module):
         if batch.mode is ForwardMode.DECODE:
             y = _decode(xf, w, state, batch.req_pool_indices)
         else:
-            y = _extend(xf, w, state, batch)
+            y = _extend(xf, w, state, batch, self.layer_id, self.stream)
         return y.to(x.dtype)
 
 
@@ -40,15 +40,21 @@ def _conv(window: torch.Tensor, w: torch.Tensor, n: int) -> torch.Tensor:
     return window[k - 1 :] + acc
 
 
-def _extend(x: torch.Tensor, w: torch.Tensor, state: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
+def _extend(
+    x: torch.Tensor, w: torch.Tensor, state: torch.Tensor, batch: ForwardBatch, layer: int, stream: int
+) -> torch.Tensor:
     out = torch.empty_like(x)
     width = state.shape[1]
     offset = 0
-    for row, prefix, n in zip(batch.req_pool_indices.tolist(), batch.prefix_lens_cpu, batch.extend_lens_cpu):
+    rows = batch.req_pool_indices.tolist()
+    for i, (row, prefix, n) in enumerate(zip(rows, batch.prefix_lens_cpu, batch.extend_lens_cpu)):
         prev = state[row] if prefix > 0 else x.new_zeros(width, x.shape[1])
-        window = torch.cat([prev, x[offset : offset + n]], dim=0)
+        window = torch.cat([prev, x[offset : offset + n]], dim=0)  # row r holds position prefix - width + r
         out[offset : offset + n] = _conv(window, w, n)
         state[row] = window[-width:]
+        # The conv state after j tokens is just window[j : j + width]: checkpoints anywhere are free.
+        for j, slot in batch.sconv_snapshots.get(i, ()):
+            batch.sconv_checkpoints.store[layer][stream][slot] = window[j : j + width]
         offset += n
     return out
 
