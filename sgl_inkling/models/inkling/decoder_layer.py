@@ -12,6 +12,8 @@ from sgl_inkling.models.inkling.config import SPARSE, InklingTextConfig
 from sgl_inkling.models.inkling.moe import DenseMLP, MoE
 from sgl_inkling.models.inkling.norm import RMSNorm
 from sgl_inkling.models.inkling.sconv import ShortConv
+from sgl_inkling_kernels._triton import use_triton
+from sgl_inkling_kernels.rmsnorm import fused_add_rmsnorm
 
 
 class DecoderLayer(nn.Module):
@@ -26,5 +28,10 @@ class DecoderLayer(nn.Module):
         self.mlp_sconv = ShortConv(h, cfg.conv_kernel_size, layer_id, SCONV_MLP)
 
     def forward(self, h: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
-        h = h + self.attn_sconv(self.attn(self.attn_norm(h), batch), batch)
-        return h + self.mlp_sconv(self.mlp(self.mlp_norm(h)), batch)
+        a = self.attn_sconv(self.attn(self.attn_norm(h), batch), batch)
+        if use_triton(h):
+            m_in, h = fused_add_rmsnorm(a, h, self.mlp_norm.weight, self.mlp_norm.eps)
+        else:
+            h = h + a
+            m_in = self.mlp_norm(h)
+        return h + self.mlp_sconv(self.mlp(m_in), batch)

@@ -11,6 +11,9 @@ from torch import nn
 
 from sgl_inkling.layers.linear import Linear, linear
 from sgl_inkling.models.inkling.config import InklingTextConfig
+from sgl_inkling_kernels._triton import use_triton
+from sgl_inkling_kernels.fused_moe import fused_moe
+from sgl_inkling_kernels.router import route
 
 
 def swiglu_interleaved(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor) -> torch.Tensor:
@@ -95,5 +98,13 @@ class MoE(nn.Module):
         self.shared_experts = SharedExperts(cfg)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if use_triton(x):  # fused routing and one grouped GEMM over routed + shared experts
+            g, e, s = self.gate, self.experts, self.shared_experts
+            ids, w, gam = route(
+                linear(x.float(), g.weight.float()), g.bias, g.global_scale, g.top_k, g.route_scale, x.dtype
+            )
+            return fused_moe(
+                x, e.w13_weight, e.w2_weight, ids, w, s.shared_w13_weight, s.shared_w2_weight, gam
+            )
         ids, weights, gammas = self.gate(x)
         return self.experts(x, ids, weights) + self.shared_experts(x, gammas)

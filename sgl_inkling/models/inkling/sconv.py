@@ -10,6 +10,8 @@ import torch
 from torch import nn
 
 from sgl_inkling.model_executor.forward_batch import ForwardBatch, ForwardMode
+from sgl_inkling_kernels._triton import use_triton
+from sgl_inkling_kernels.sconv import sconv_decode, sconv_extend
 
 
 class ShortConv(nn.Module):
@@ -22,12 +24,20 @@ class ShortConv(nn.Module):
 
     def forward(self, x: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
         state = batch.sconv_pool.state(self.layer_id, self.stream)  # [slots, K-1, C]
+        if batch.mode is not ForwardMode.DECODE and batch.sconv_snapshots:
+            _snapshot(x, state, batch, self.layer_id, self.stream)  # before the state moves on
+        if use_triton(x):
+            if batch.mode is ForwardMode.DECODE:
+                return sconv_decode(x, self.weight, state, batch.req_pool_indices)
+            return sconv_extend(
+                x, self.weight, state, batch.req_pool_indices, batch.prefix_lens, batch.extend_lens
+            )
         w = self.weight.float()[:, 0, :].t()  # [K, C]
         xf = x.float()
         if batch.mode is ForwardMode.DECODE:
             y = _decode(xf, w, state, batch.req_pool_indices)
         else:
-            y = _extend(xf, w, state, batch, self.layer_id, self.stream)
+            y = _extend(xf, w, state, batch)
         return y.to(x.dtype)
 
 
@@ -40,23 +50,41 @@ def _conv(window: torch.Tensor, w: torch.Tensor, n: int) -> torch.Tensor:
     return window[k - 1 :] + acc
 
 
-def _extend(
-    x: torch.Tensor, w: torch.Tensor, state: torch.Tensor, batch: ForwardBatch, layer: int, stream: int
-) -> torch.Tensor:
+def _extend(x: torch.Tensor, w: torch.Tensor, state: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
     out = torch.empty_like(x)
     width = state.shape[1]
     offset = 0
-    rows = batch.req_pool_indices.tolist()
-    for i, (row, prefix, n) in enumerate(zip(rows, batch.prefix_lens_cpu, batch.extend_lens_cpu)):
+    for row, prefix, n in zip(batch.req_pool_indices.tolist(), batch.prefix_lens_cpu, batch.extend_lens_cpu):
         prev = state[row] if prefix > 0 else x.new_zeros(width, x.shape[1])
-        window = torch.cat([prev, x[offset : offset + n]], dim=0)  # row r holds position prefix - width + r
+        window = torch.cat([prev, x[offset : offset + n]], dim=0)
         out[offset : offset + n] = _conv(window, w, n)
         state[row] = window[-width:]
-        # The conv state after j tokens is just window[j : j + width]: checkpoints anywhere are free.
-        for j, slot in batch.sconv_snapshots.get(i, ()):
-            batch.sconv_checkpoints.store[layer][stream][slot] = window[j : j + width]
         offset += n
     return out
+
+
+def _snapshot(x: torch.Tensor, state: torch.Tensor, batch: ForwardBatch, layer: int, stream: int) -> None:
+    """Checkpoints for the prefix cache: the conv state after j new tokens of a sequence is its last
+    K-1 inputs, which the chunk already holds, so snapshots anywhere inside an extend are free."""
+    width = state.shape[1]
+    store = batch.sconv_checkpoints.store[layer][stream]
+    starts = [0]
+    for n in batch.extend_lens_cpu:
+        starts.append(starts[-1] + n)
+    rows = batch.req_pool_indices.tolist()
+    for i, snaps in batch.sconv_snapshots.items():
+        if not snaps:
+            continue
+        prev = (
+            state[rows[i]]
+            if batch.prefix_lens_cpu[i] > 0
+            else x.new_zeros(width, x.shape[1], dtype=state.dtype)
+        )
+        window = torch.cat(
+            [prev, x[starts[i] : starts[i + 1]].to(state.dtype)], dim=0
+        )  # row r: position prefix-width+r
+        for j, slot in snaps:
+            store[slot] = window[j : j + width]
 
 
 def _decode(x: torch.Tensor, w: torch.Tensor, state: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
