@@ -19,6 +19,7 @@ import datetime as dt
 import gc
 import json
 import statistics
+import os
 import subprocess
 import sys
 import time
@@ -312,6 +313,9 @@ def _run_batch(model, cfg, bsz: int, args, gen: torch.Generator, mode: str) -> d
 
 
 def git_commit() -> tuple[str, bool | None]:
+    # The GPU machine gets the working tree without .git: the caller passes the commit in.
+    if os.environ.get("GIT_COMMIT"):
+        return os.environ["GIT_COMMIT"], None
     try:
         sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True)
         dirty = subprocess.run(["git", "status", "--porcelain"], cwd=ROOT, capture_output=True, text=True)

@@ -126,13 +126,14 @@ def extend_attention(
     groups = heads // kv_heads
     d_rel, extent = rel_table.shape
     block_g = next_pow2(groups)
+    wide = q.dtype == torch.float32  # fp32 tiles need twice the shared memory: halve them
     if block_m is None:
         # About 128 (token, head) rows per program on the GPU; small tiles in the interpreter.
-        block_m = max(1, (16 if interpreting() else 128) // block_g)
+        block_m = max(1, (16 if interpreting() else (32 if wide else 128)) // block_g)
     block_m = next_pow2(block_m)
     block_m = max(block_m, -(-16 // block_g))  # tl.dot wants at least 16 rows
     if block_n is None:
-        block_n = 16 if interpreting() else 64
+        block_n = 16 if interpreting() else (32 if wide else 64)
     if q_start is None:
         q_start = torch.cumsum(extend_lens, 0) - extend_lens
     q = q.contiguous() if q.stride(-1) != 1 else q
@@ -152,7 +153,7 @@ def extend_attention(
         G=groups, BLOCK_G=block_g, D=dim, BLOCK_D=next_pow2(dim), R=d_rel,
         BLOCK_M=block_m, BLOCK_N=block_n,
         HAS_TAU=tau is not None, HAS_WINDOW=window is not None, UPCAST=upcast, PREC=prec,
-        num_warps=8 if block_m * block_g >= 128 else 4, num_stages=2,
+        num_warps=8 if block_m * block_g >= 128 else 4, num_stages=1 if wide else 2,
     )  # fmt: skip
     return out
 
