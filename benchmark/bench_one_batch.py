@@ -18,8 +18,8 @@ import contextlib
 import datetime as dt
 import gc
 import json
-import statistics
 import os
+import statistics
 import subprocess
 import sys
 import time
