@@ -58,7 +58,9 @@ class ServerArgs:
     stream_interval: int = 1
     # Parallelism and kernels
     tp_size: int = 1
-    attention_backend: str = "torch_native"
+    attention_backend: str | None = None  # None: triton on cuda, torch_native on cpu
+    cuda_graph_max_bs: int = 128
+    disable_cuda_graph: bool = False
     # Chat parsing
     reasoning_parser: str | None = None
     tool_call_parser: str | None = None
@@ -122,7 +124,11 @@ class ServerArgs:
 
         g = parser.add_argument_group("parallelism and kernels")
         g.add_argument("--tp-size", "--tp", "--tensor-parallel-size", dest="tp_size", type=int, default=d.tp_size)
-        g.add_argument("--attention-backend", choices=ATTENTION_BACKENDS, default=d.attention_backend)
+        g.add_argument("--attention-backend", choices=ATTENTION_BACKENDS, default=d.attention_backend,
+                       help="default: triton on cuda, torch_native on cpu")
+        g.add_argument("--cuda-graph-max-bs", type=int, default=d.cuda_graph_max_bs,
+                       help="largest decode batch replayed from a CUDA graph (larger ones run eagerly)")
+        g.add_argument("--disable-cuda-graph", action="store_true")
 
         g = parser.add_argument_group("chat parsing")
         g.add_argument("--reasoning-parser", choices=PARSERS, default=d.reasoning_parser)
@@ -164,7 +170,7 @@ class ServerArgs:
         choice("--device", self.device, DEVICES)
         choice("--load-format", self.load_format, LOAD_FORMATS)
         choice("--log-level", self.log_level, LOG_LEVELS)
-        choice("--attention-backend", self.attention_backend, ATTENTION_BACKENDS)
+        choice("--attention-backend", self.attention_backend, ATTENTION_BACKENDS, optional=True)
         choice("--schedule-policy", self.schedule_policy, SCHEDULE_POLICIES)
         choice("--reasoning-parser", self.reasoning_parser, PARSERS, optional=True)
         choice("--tool-call-parser", self.tool_call_parser, PARSERS, optional=True)
@@ -201,6 +207,10 @@ class ServerArgs:
             fail("--chunked-prefill-size", f"must be positive or -1 (no chunking), got {self.chunked_prefill_size}")
 
         on_cuda = self.resolved_device() == "cuda"
+        if self.attention_backend is None:
+            self.attention_backend = "triton" if on_cuda else "torch_native"
+        if self.cuda_graph_max_bs < 0:
+            fail("--cuda-graph-max-bs", f"must be >= 0, got {self.cuda_graph_max_bs}")
         if self.chunked_prefill_size is None:
             self.chunked_prefill_size = 8192 if on_cuda else 512
         if self.mem_fraction_static is None and on_cuda:

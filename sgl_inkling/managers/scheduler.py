@@ -44,6 +44,7 @@ class Scheduler:
             sizes.max_total_tokens,
             sizes.max_swa_tokens,
             server_args.attention_backend,
+            cuda_graph_max_bs=0 if server_args.disable_cuda_graph else server_args.cuda_graph_max_bs,
         )
         self.sizes = sizes
         self.vocab = cfg.unpadded_vocab_size

@@ -20,8 +20,10 @@ class ReqToTokenPool:
     def __init__(self, size: int, max_context_len: int, device: torch.device | str):
         self.size = size
         self.max_context_len = max_context_len
-        self.full = torch.zeros(size, max_context_len, dtype=torch.int64, device=device)
-        self.swa = torch.zeros(size, max_context_len, dtype=torch.int64, device=device)
+        # One extra row, never handed out, for the padded entries of CUDA-graph batches (all slot 0).
+        self.pad_row = size
+        self.full = torch.zeros(size + 1, max_context_len, dtype=torch.int64, device=device)
+        self.swa = torch.zeros(size + 1, max_context_len, dtype=torch.int64, device=device)
         self._free = list(range(size))
 
     def alloc(self) -> int | None:

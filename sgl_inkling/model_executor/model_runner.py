@@ -35,6 +35,7 @@ class ModelRunner:
         max_total_tokens: int,
         max_swa_tokens: int | None = None,
         attention_backend: str = "torch_native",
+        cuda_graph_max_bs: int = 0,
     ):
         if attention_backend not in ATTENTION_BACKENDS:
             raise ValueError(
@@ -71,10 +72,22 @@ class ModelRunner:
             )
             for a in layers
         }
-        self.sconv_pool = SConvStatePool(max_running_requests, channels, cfg.conv_kernel_size, self.device)
+        # +1: the padding row of CUDA-graph batches has a state row too.
+        self.sconv_pool = SConvStatePool(
+            max_running_requests + 1, channels, cfg.conv_kernel_size, self.device
+        )
         self.attn_backend = ATTENTION_BACKENDS[attention_backend](
             self.req_to_token, self.full_pool, self.swa_pool
         )
+        self.graphs = None
+        if cuda_graph_max_bs > 0 and self.device.type == "cuda":
+            from sgl_inkling.model_executor.cuda_graph_runner import CudaGraphRunner
+
+            if attention_backend != "triton":
+                raise ValueError(
+                    "CUDA graphs need --attention-backend triton (torch_native syncs with the host)"
+                )
+            self.graphs = CudaGraphRunner(self, min(cuda_graph_max_bs, max_running_requests))
 
     def _attach(self, batch: ForwardBatch) -> ForwardBatch:
         batch.attn_backend = self.attn_backend
@@ -83,6 +96,11 @@ class ModelRunner:
         return batch
 
     def forward(self, batch: ForwardBatch) -> ModelOutput:
+        if self.graphs is not None and self.graphs.can_run(batch):
+            return self.graphs.replay(batch)
+        return self.forward_eager(batch)
+
+    def forward_eager(self, batch: ForwardBatch) -> ModelOutput:
         return self.model(self._attach(batch))
 
     def forward_mtp(self, depth: int, prev_hidden: torch.Tensor, batch: ForwardBatch) -> ModelOutput:

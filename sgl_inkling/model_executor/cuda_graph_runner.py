@@ -1,0 +1,115 @@
+"""Decode steps replayed from CUDA graphs captured once per batch-size bucket.
+
+A decode batch is padded up to the next bucket: padded rows read and write only the padding KV slot
+(0) and a request row reserved for them, so they cannot disturb real requests. Everything the
+captured step reads lives in static buffers that are refilled before each replay; nothing inside
+the graph syncs with the host (the triton attention backend and the fused kernels).
+"""
+
+from __future__ import annotations
+
+import bisect
+
+import torch
+
+from sgl_inkling.model_executor.forward_batch import ForwardBatch, ForwardMode
+from sgl_inkling.models.inkling.model import ModelOutput
+
+_BUCKETS = (
+    1,
+    2,
+    4,
+    8,
+    12,
+    16,
+    24,
+    32,
+    40,
+    48,
+    56,
+    64,
+    80,
+    96,
+    112,
+    128,
+    160,
+    192,
+    224,
+    256,
+    320,
+    384,
+    448,
+    512,
+)
+_FIELDS = ("input_ids", "positions", "req_pool_indices", "prefix_lens", "out_loc", "out_loc_swa")
+
+
+class CudaGraphRunner:
+    def __init__(self, runner, max_bs: int):
+        self.runner = runner
+        self.buckets = [b for b in _BUCKETS if b < max_bs] + [max_bs]
+        self.pad_row = runner.req_to_token.pad_row  # never handed to a request; its table row is all 0
+        n, dev = self.buckets[-1], runner.device
+        self.static = {f: torch.zeros(n, dtype=torch.int64, device=dev) for f in _FIELDS}
+        self.static["req_pool_indices"].fill_(self.pad_row)
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.outputs: dict[int, ModelOutput] = {}
+        self.pool = None
+        for bs in reversed(self.buckets):  # largest first: smaller graphs reuse its memory pool
+            self._capture(bs)
+
+    def _batch(self, bs: int) -> ForwardBatch:
+        s = self.static
+        ones = torch.ones(bs, dtype=torch.int64, device=self.runner.device)
+        return ForwardBatch(
+            mode=ForwardMode.DECODE,
+            input_ids=s["input_ids"][:bs],
+            positions=s["positions"][:bs],
+            req_pool_indices=s["req_pool_indices"][:bs],
+            prefix_lens=s["prefix_lens"][:bs],
+            extend_lens=ones,
+            out_loc=s["out_loc"][:bs],
+            out_loc_swa=s["out_loc_swa"][:bs],
+            logits_indices=torch.arange(bs, device=self.runner.device),
+            prefix_lens_cpu=[0] * bs,
+            extend_lens_cpu=[1] * bs,
+        )
+
+    def _capture(self, bs: int) -> None:
+        batch = self._batch(bs)
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):  # warm-up (kernel compilation, autotuning) off the capture stream
+            for _ in range(2):
+                self.runner.forward_eager(batch)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool):
+            out = self.runner.forward_eager(batch)
+        self.pool = graph.pool()
+        self.graphs[bs], self.outputs[bs] = graph, out
+
+    def can_run(self, batch: ForwardBatch) -> bool:
+        return (
+            batch.mode is ForwardMode.DECODE
+            and batch.batch_size <= self.buckets[-1]
+            and batch.input_embeds is None
+            and not batch.sconv_snapshots
+        )
+
+    def replay(self, batch: ForwardBatch) -> ModelOutput:
+        bs = batch.batch_size
+        bucket = self.buckets[bisect.bisect_left(self.buckets, bs)]
+        s = self.static
+        for f in _FIELDS:
+            s[f][:bs].copy_(getattr(batch, f))
+        if bucket > bs:  # padded rows: the reserved row, position 0, the padding slot
+            s["input_ids"][bs:bucket] = 0
+            s["positions"][bs:bucket] = 0
+            s["prefix_lens"][bs:bucket] = 0
+            s["req_pool_indices"][bs:bucket] = self.pad_row
+            s["out_loc"][bs:bucket] = 0
+            s["out_loc_swa"][bs:bucket] = 0
+        self.graphs[bucket].replay()
+        out = self.outputs[bucket]
+        return ModelOutput(logits=out.logits[:bs], hidden=out.hidden[:bs])
