@@ -1,17 +1,58 @@
-"""sglang, as provided by sglang-inkling: the server, the offline Engine and (soon) the frontend language."""
+"""sglang, as provided by sglang-inkling: the server, the offline Engine and the frontend language."""
 
 from __future__ import annotations
 
+import importlib
+
 __version__ = "0.1.0"
+
+# Public name -> module that defines it. Lazy: `import sglang` must stay cheap for the CLI and
+# spawned children, and the frontend's chat rendering pulls in torch through tml-renderers.
+_EXPORTS: dict[str, str] = {
+    "Engine": "sgl_inkling.entrypoints.engine",
+    "Runtime": "sglang.lang.backend.runtime",
+    "RuntimeEndpoint": "sglang.lang.backend.runtime_endpoint",
+    "ProgramState": "sglang.lang.state",
+    "SglFunction": "sglang.lang.function",
+    "global_config": "sglang.lang.global_config",
+    **{
+        name: "sglang.lang.api"
+        for name in (
+            "assistant",
+            "assistant_begin",
+            "assistant_end",
+            "flush_cache",
+            "function",
+            "gen",
+            "gen_int",
+            "gen_string",
+            "get_server_info",
+            "image",
+            "select",
+            "set_default_backend",
+            "system",
+            "system_begin",
+            "system_end",
+            "user",
+            "user_begin",
+            "user_end",
+            "video",
+        )
+    },
+}
 
 
 def __getattr__(name: str):
-    # Lazy: `import sglang` must stay cheap for the CLI and spawned children.
-    if name == "Engine":
-        from sgl_inkling.entrypoints.engine import Engine
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'sglang' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later lookups skip __getattr__
+    return value
 
-        return Engine
-    raise AttributeError(f"module 'sglang' has no attribute {name!r}")
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_EXPORTS])
 
 
-__all__ = ["Engine", "__version__"]
+__all__ = ["__version__", *_EXPORTS]

@@ -1,0 +1,1 @@
+"""SGLang's frontend language (`import sglang as sgl`), interpreted against an SGLang server."""

@@ -1,0 +1,1 @@
+"""Backends the frontend language runs programs on."""
