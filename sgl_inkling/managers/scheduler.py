@@ -222,7 +222,9 @@ class Scheduler:
                 self._collect_input_logprobs(req, rows, n)
             req.kv_len += n
             self.kv.after_extend(req)
-            if req.kv_len == len(req.fill_ids):
+            if req.kv_len == len(req.fill_ids) and req.sampling_params.max_new_tokens == 0:
+                self.finish(req, {"type": "length", "length": 0})  # prompt logprobs only (e.g. select)
+            elif req.kv_len == len(req.fill_ids):
                 done.append(req)
                 done_logits.append(rows[-1])
             else:

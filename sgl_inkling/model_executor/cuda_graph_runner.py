@@ -54,8 +54,7 @@ class CudaGraphRunner:
         self.static["req_pool_indices"].fill_(self.pad_row)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.outputs: dict[int, ModelOutput] = {}
-        self.pool = None
-        for bs in reversed(self.buckets):  # largest first: smaller graphs reuse its memory pool
+        for bs in reversed(self.buckets):
             self._capture(bs)
 
     def _batch(self, bs: int) -> ForwardBatch:
@@ -84,9 +83,10 @@ class CudaGraphRunner:
                 self.runner.forward_eager(batch)
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool):
+        # Each graph keeps its own memory pool: buckets are replayed in any order, so one graph's
+        # intermediates must never alias another's outputs.
+        with torch.cuda.graph(graph):
             out = self.runner.forward_eager(batch)
-        self.pool = graph.pool()
         self.graphs[bs], self.outputs[bs] = graph, out
 
     def can_run(self, batch: ForwardBatch) -> bool:
