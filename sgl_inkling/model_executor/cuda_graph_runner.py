@@ -54,6 +54,7 @@ class CudaGraphRunner:
         self.static["req_pool_indices"].fill_(self.pad_row)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.outputs: dict[int, ModelOutput] = {}
+        self.batches: dict[int, ForwardBatch] = {}
         for bs in reversed(self.buckets):
             self._capture(bs)
 
@@ -87,7 +88,8 @@ class CudaGraphRunner:
         # intermediates must never alias another's outputs.
         with torch.cuda.graph(graph):
             out = self.runner.forward_eager(batch)
-        self.graphs[bs], self.outputs[bs] = graph, out
+        # The graph reads these tensors by address: keep the batch (its arange and ones) alive.
+        self.graphs[bs], self.outputs[bs], self.batches[bs] = graph, out, batch
 
     def can_run(self, batch: ForwardBatch) -> bool:
         return (
