@@ -31,6 +31,8 @@ class GenerateReqInput:
     stream: bool = False
     image_data: Any = None
     audio_data: Any = None
+    # Set by the chat layer (TMLv0 framing, tools); native requests get theirs from sampling_params.
+    grammar: Any = None  # sgl_inkling.constrained.GrammarSpec
 
     @property
     def is_batch(self) -> bool:
@@ -59,6 +61,7 @@ class GenerateReqInput:
             top_logprobs_num=pick(self.top_logprobs_num),
             return_text_in_logprobs=self.return_text_in_logprobs,
             stream=self.stream,
+            grammar=self.grammar,
         )
 
 
@@ -78,6 +81,7 @@ class TokenizedGenerateReq:
     top_logprobs_num: int = 0
     stream: bool = False
     stop_token_ids: list[int] = field(default_factory=list)  # end-of-turn and eos ids unless ignore_eos
+    grammar: Any = None  # sgl_inkling.constrained.GrammarSpec: compiled and enforced by the scheduler
 
 
 @dataclass

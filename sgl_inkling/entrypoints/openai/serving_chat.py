@@ -16,6 +16,7 @@ from fastapi.responses import JSONResponse, Response
 
 from sgl_inkling.chat import ChatRequestError, Delta, RenderedPrompt, StreamingOutputParser, render_chat
 from sgl_inkling.chat.output_parser import ParsedOutput
+from sgl_inkling.constrained import GrammarError, chat_grammar
 from sgl_inkling.entrypoints.openai.protocol import (
     ChatCompletionChoice,
     ChatCompletionRequest,
@@ -102,6 +103,17 @@ def _build(tm: TokenizerManager, req: ChatCompletionRequest) -> tuple[_Setup, li
     extra_stops = [t for t in prompt.stop_token_ids if t not in eos]
     if extra_stops and not req.ignore_eos:
         sp["stop_token_ids"] = list(sp.get("stop_token_ids") or []) + extra_stops
+    # TMLv0-framed grammar: response_format constrains the text block, tools the tool-call blocks.
+    grammar = chat_grammar(
+        tm.tokenizer,
+        json_schema=sp.get("json_schema"),
+        regex=sp.get("regex"),
+        ebnf=sp.get("ebnf"),
+        tools=tools,
+        tool_choice=req.tool_choice,
+        parallel_tool_calls=req.parallel_tool_calls,
+        thinking=prompt.reasoning_effort > 0,
+    )
     choices = [
         make_choice(
             i,
@@ -112,6 +124,7 @@ def _build(tm: TokenizerManager, req: ChatCompletionRequest) -> tuple[_Setup, li
                 return_logprob=req.logprobs,
                 top_logprobs_num=req.top_logprobs or 0,
                 return_text_in_logprobs=True,
+                grammar=grammar,
             ),
         )
         for i in range(req.n)
@@ -131,6 +144,8 @@ async def serve_chat(tm: TokenizerManager, req: ChatCompletionRequest, raw_reque
         setup, choices = _build(tm, req)
     except ChatRequestError as e:
         return error_response(str(e), 400, param="messages")
+    except GrammarError as e:
+        return error_response(str(e), 400)
     if req.stream:
         await prime_streams(tm, choices, raw_request)
         return ClosingStreamingResponse(_stream(tm, req, setup, choices), media_type="text/event-stream")
