@@ -60,6 +60,7 @@ class ServerArgs:
     tp_size: int = 1
     attention_backend: str | None = None  # None: triton on cuda, torch_native on cpu
     cuda_graph_max_bs: int = 128
+    grammar_backend: str = "xgrammar"
     disable_cuda_graph: bool = False
     # Chat parsing
     reasoning_parser: str | None = None
@@ -129,6 +130,8 @@ class ServerArgs:
         g.add_argument("--cuda-graph-max-bs", type=int, default=d.cuda_graph_max_bs,
                        help="largest decode batch replayed from a CUDA graph (larger ones run eagerly)")
         g.add_argument("--disable-cuda-graph", action="store_true")
+        g.add_argument("--grammar-backend", choices=("xgrammar", "none"), default=d.grammar_backend,
+                       help="constrained decoding (json_schema, regex, ebnf, tool calls)")
 
         g = parser.add_argument_group("chat parsing")
         g.add_argument("--reasoning-parser", choices=PARSERS, default=d.reasoning_parser)
@@ -171,6 +174,7 @@ class ServerArgs:
         choice("--load-format", self.load_format, LOAD_FORMATS)
         choice("--log-level", self.log_level, LOG_LEVELS)
         choice("--attention-backend", self.attention_backend, ATTENTION_BACKENDS, optional=True)
+        choice("--grammar-backend", self.grammar_backend, ("xgrammar", "none"))
         choice("--schedule-policy", self.schedule_policy, SCHEDULE_POLICIES)
         choice("--reasoning-parser", self.reasoning_parser, PARSERS, optional=True)
         choice("--tool-call-parser", self.tool_call_parser, PARSERS, optional=True)

@@ -38,6 +38,7 @@ class Req:
     pending_ckpts: dict[int, int] = field(default_factory=dict)  # position -> snapshot slot, not yet cached
     admitted_once: bool = False
     arrival: float = field(default_factory=time.monotonic)
+    grammar: Any = None  # RequestGrammar when the output is constrained
 
     @classmethod
     def from_tokenized(cls, r: TokenizedGenerateReq) -> Req:

@@ -12,6 +12,13 @@ from collections import deque
 import torch
 import zmq
 
+from sgl_inkling.constrained.scheduler_hooks import (
+    after_token,
+    apply_grammar_masks,
+    create_backend,
+    grammar_stats,
+    on_new_request,
+)
 from sgl_inkling.managers import io_struct as io
 from sgl_inkling.managers.schedule_batch import Req
 from sgl_inkling.managers.schedule_policy import SchedulePolicy
@@ -58,6 +65,7 @@ class Scheduler:
             interval=server_args.sconv_checkpoint_interval or 4 * cfg.sliding_window_size,
         )
         self.policy = SchedulePolicy(server_args.schedule_policy, self.kv.radix)
+        self.grammar = create_backend(server_args, self.tokenizer, self.vocab)
         self.sampler = Sampler(server_args.random_seed, return_original_logprob=True)
         self.waiting: deque[Req] = deque()
         self.running: list[Req] = []
@@ -120,7 +128,9 @@ class Scheduler:
 
     def handle(self, msg) -> None:
         if isinstance(msg, io.TokenizedGenerateReq):
-            self.waiting.append(Req.from_tokenized(msg))
+            req = Req.from_tokenized(msg)
+            on_new_request(self.grammar, req, msg)  # compiles while the prompt prefills
+            self.waiting.append(req)
         elif isinstance(msg, io.AbortReq):
             self.abort(msg.rid)
         elif isinstance(msg, io.FlushCacheReq):
@@ -145,6 +155,7 @@ class Scheduler:
             "num_waiting_reqs": len(self.waiting),
             "num_retracted_reqs": self.num_retracted,
             "num_finished_reqs": self.num_finished,
+            **grammar_stats(self.grammar),
         }
 
     # ---------------------------------------------------------------- prefill
@@ -300,8 +311,10 @@ class Scheduler:
             eos_token_ids=sorted(set().union(*(r.stop_token_ids for r in reqs))),
         )
         want_lp = any(r.return_logprob for r in reqs)
+        logits = logits.float().clone()
+        apply_grammar_masks(self.grammar, reqs, logits)  # forbidden tokens -> -inf
         out = self.sampler.sample(
-            logits.float().clone(),
+            logits,
             info,
             steps=[len(r.output_ids) for r in reqs],
             return_logprob=want_lp,
@@ -320,6 +333,7 @@ class Scheduler:
                     ids = out.top_logprobs_ids[i][: req.top_logprobs_num]
                     req.new_top_logprobs.append(list(zip(vals, ids)))
             req.check_finished(self.tokenizer)
+            after_token(req, tok)
             if req.finished:
                 self.finish(req, req.finished_reason)
             else:
