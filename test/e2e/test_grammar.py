@@ -11,9 +11,7 @@ request be compared with its non-streamed twin.
 
 from __future__ import annotations
 
-import inspect
 import json
-import os
 import re
 from concurrent.futures import ThreadPoolExecutor
 
@@ -22,18 +20,8 @@ import openai
 import pytest
 
 from sgl_inkling.chat.tokenizer import get_tokenizer
-from sgl_inkling.managers import scheduler as scheduler_module
 
 from .server import ServerProcess
-
-# Until the scheduler calls sgl_inkling/constrained/scheduler_hooks.py, grammars are accepted but not
-# enforced; skip rather than fail then (SGL_INKLING_GRAMMAR_E2E=1 forces a run, e.g. with a patched
-# scheduler).
-pytestmark = pytest.mark.skipif(
-    "scheduler_hooks" not in inspect.getsource(scheduler_module)
-    and not os.environ.get("SGL_INKLING_GRAMMAR_E2E"),
-    reason="the scheduler does not call the grammar hooks yet",
-)
 
 MODEL = "inkling-tiny"
 # Short keys and names on purpose: a random model spells fixed strings a character at a time, so key
@@ -156,9 +144,9 @@ def test_tool_choice_100_requests_valid_and_streams_reassemble(client, gserver, 
             temperature=0,
         )
 
-    # 100 requests: 50 prompts, each streamed and not; the stream must reassemble to its twin's call.
-    whole = run_all(lambda i: client.chat.completions.create(**kwargs(i)), list(range(50)))
-    streamed = run_all(lambda i: stream_calls(client, **kwargs(i)), list(range(50)))
+    # 100 prompts, each sent plain and streamed; a stream must reassemble to its twin's call.
+    whole = run_all(lambda i: client.chat.completions.create(**kwargs(i)), list(range(100)))
+    streamed = run_all(lambda i: stream_calls(client, **kwargs(i)), list(range(100)))
     for i, (resp, (s_calls, s_finish, s_content)) in enumerate(zip(whole, streamed)):
         c = resp.choices[0]
         assert c.finish_reason == "tool_calls" and s_finish == "tool_calls", (i, c)

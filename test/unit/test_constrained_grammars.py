@@ -279,7 +279,7 @@ def test_rollback_restores_the_masks(tok, backend, fr):
 def test_random_tool_calls_parse_and_validate(tok, backend, choice):
     named = {"type": "function", "function": {"name": choice}} if choice != "required" else choice
     spec = tools_spec(tok, named, parallel=False)
-    for seed in range(12):
+    for seed in range(30):
         out = Walk(backend, spec).random_finish(seed)
         calls = parse_output(out, tok).tool_calls
         assert len(calls) == 1, tok.decode(out)
@@ -301,7 +301,7 @@ def test_random_structured_outputs_validate(tok, backend, fr):
     for payload, check in cases:
         for framed in (False, True):
             fmt = structured_turn(fr, payload, thinking=False) if framed else payload
-            for seed in range(8):
+            for seed in range(15):
                 out = Walk(backend, spec_of(fmt)).random_finish(seed)
                 assert out[-1] in stops(tok)
                 text = tok.decode(out, skip_special_tokens=True)

@@ -6,11 +6,12 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+import xgrammar as xgr
 
 from sgl_inkling.chat.tokenizer import get_tokenizer
 from sgl_inkling.constrained import GrammarSpec, native_grammar
 from sgl_inkling.constrained import scheduler_hooks as hooks
-from sgl_inkling.constrained.mask import unpack_bitmask
+from sgl_inkling.constrained.mask import GrammarMasker, unpack_bitmask
 from sgl_inkling.sampling.sampling_params import SamplingParams
 
 
@@ -100,3 +101,15 @@ def test_no_backend_refuses_grammar_requests(tok):
     plain = new_req(None, None)
     sample(plain, None, 0)
     assert plain.finished_reason is None and hooks.grammar_stats(None) == {}
+
+
+def test_cpu_mask_matches_xgrammars_kernel():
+    vocab = 1000
+    bitmask = torch.randint(-(2**31), 2**31 - 1, (4, (vocab + 31) // 32), dtype=torch.int32)
+    bitmask[1] = 0
+    for rows in ([0, 1, 2, 3], [1, 3]):
+        ours, ref = torch.randn(4, vocab), None
+        ref = ours.clone()
+        GrammarMasker(vocab)._apply_kernel(ours, bitmask, rows)
+        xgr.apply_token_bitmask_inplace(ref, bitmask, vocab_size=vocab, indices=rows, backend="cpu")
+        assert torch.equal(ours, ref)

@@ -164,3 +164,11 @@ def test_chat_bad_grammars_are_400(tok, body, message):
     resp = asyncio.run(serve_chat(_StubTM(tok), req, None))
     assert resp.status_code == 400
     assert message in json.loads(resp.body)["message"]
+
+
+def test_grammar_backend_none_refuses_constrained_requests():
+    info = {"context_len": 4096, "vocab_size": 200058}
+    off = TokenizerManager(ServerArgs(grammar_backend="none"), info, "ipc://unused", "ipc://unused")
+    with pytest.raises(RequestError, match="--grammar-backend none"):
+        off._tokenize(GenerateReqInput(text="hi", sampling_params={"regex": "[0-9]+"}))
+    assert off._tokenize(GenerateReqInput(text="hi"))[0].grammar is None
