@@ -101,6 +101,7 @@ class Engine:
         if getattr(self, "backend", None) is not None:
             self.backend.shutdown()
             self.backend = None
+            self._call(self.tm.stop())
             self._loop.call_soon_threadsafe(self._loop.stop)
 
     def __enter__(self) -> Engine:

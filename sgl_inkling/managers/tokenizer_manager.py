@@ -14,6 +14,7 @@ from typing import Any
 import zmq
 import zmq.asyncio
 
+from sgl_inkling.constrained import GrammarError, GrammarSpec, native_grammar
 from sgl_inkling.managers import io_struct as io
 from sgl_inkling.sampling.sampling_params import SamplingParams, SamplingParamsError
 
@@ -74,6 +75,11 @@ class TokenizerManager:
         self._control_lock = asyncio.Lock()
         self._recv_task = asyncio.get_running_loop().create_task(self._recv_loop())
         self._started = True
+
+    async def stop(self) -> None:
+        if self._started:
+            self._recv_task.cancel()
+            self._started = False
 
     async def _recv_loop(self) -> None:
         while True:
@@ -186,9 +192,7 @@ class TokenizerManager:
             sp.validate(self.context_len - len(input_ids))
         except SamplingParamsError as e:
             raise io.RequestError(str(e)) from None
-        if sp.json_schema is not None or sp.regex is not None or sp.ebnf is not None:
-            # Refuse rather than silently generate unconstrained text.
-            raise io.RequestError("constrained decoding (json_schema, regex, ebnf) is not available yet")
+        grammar = self._grammar(obj, sp, input_ids)
         if sp.max_new_tokens is None:
             sp.max_new_tokens = self.context_len - len(input_ids)  # None: bounded by the context
         if len(input_ids) + sp.max_new_tokens > self.context_len:
@@ -219,8 +223,26 @@ class TokenizerManager:
             top_logprobs_num=top_n,
             stream=obj.stream,
             stop_token_ids=stop_ids,
+            grammar=grammar,
         )
         return tok, obj
+
+    def _grammar(
+        self, obj: io.GenerateReqInput, sp: SamplingParams, input_ids: list[int]
+    ) -> GrammarSpec | None:
+        """The request's grammar: the chat layer's, or one from json_schema/regex/ebnf (validated here,
+        so a bad one is a 400 and never reaches the scheduler)."""
+        if obj.grammar is not None and not isinstance(obj.grammar, GrammarSpec):
+            raise io.RequestError(
+                "'grammar' is not a request field; use sampling_params json_schema/regex/ebnf"
+            )
+        try:
+            grammar = obj.grammar or native_grammar(self.tokenizer, sp, input_ids)
+        except GrammarError as e:
+            raise io.RequestError(str(e)) from None
+        if grammar is not None and getattr(self.server_args, "grammar_backend", None) == "none":
+            raise io.RequestError("constrained decoding is off on this server (--grammar-backend none)")
+        return grammar
 
     def _register(self, tok: io.TokenizedGenerateReq, obj: io.GenerateReqInput) -> ReqState:
         st = ReqState(
