@@ -9,7 +9,8 @@ filling the packed bitmask on the CPU (one xgrammar matcher per row), copying it
 applying it to the logits, and advancing every matcher by its sampled token. Random logits make each
 row a random walk through the grammar (keys, strings, numbers, structure), restarted when it ends.
 The forward pass is not included: in the server the fill overlaps it on a GPU, so the figures here
-are an upper bound on what a grammar adds to a decode step. Writes benchmark/results/bench_grammar_<device>.json.
+are an upper bound on what a grammar adds to a decode step.
+Writes benchmark/results/bench_grammar_<device>.json.
 """
 
 from __future__ import annotations

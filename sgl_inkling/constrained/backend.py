@@ -2,9 +2,10 @@
 per request, and the batch masker.
 
 Building xgrammar's view of a 200k vocabulary takes about a second and compiling a grammar tens to
-hundreds of milliseconds, so both run on a background thread: the vocabulary from start-up, each
-grammar from the moment its request arrives, overlapping the request's prefill. Requests with the
-same grammar share one compile (the cache holds futures, so even concurrent arrivals compile once).
+hundreds of milliseconds, so both run on a background thread: the vocabulary with the first grammar
+request, each grammar from the moment its request arrives, overlapping the request's prefill.
+Requests with the same grammar share one compile (the cache holds futures, so even concurrent
+arrivals compile once).
 """
 
 from __future__ import annotations
@@ -48,7 +49,8 @@ class XGrammarBackend:
         # One worker: compiles queue behind the vocabulary build and never compete with each other
         # for the cores the forward uses; xgrammar parallelises inside one compile.
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="grammar-compile")
-        self._compiler: Future = self._pool.submit(self._make_compiler, tokenizer, vocab_size)
+        self._tokenizer = tokenizer
+        self._compiler: Future | None = None  # built with the first grammar: servers without any pay nothing
         self.num_compiles = 0
         self.num_cache_hits = 0
 
@@ -59,7 +61,13 @@ class XGrammarBackend:
         return xgr.GrammarCompiler(info, max_threads=min(8, os.cpu_count() or 1), cache_enabled=False)
 
     def compiler(self) -> xgr.GrammarCompiler:
-        return self._compiler.result()
+        with self._lock:
+            self._start_compiler()
+        return self._compiler.result()  # type: ignore[union-attr]
+
+    def _start_compiler(self) -> None:
+        if self._compiler is None:
+            self._compiler = self._pool.submit(self._make_compiler, self._tokenizer, self.vocab_size)
 
     def compile(self, spec: GrammarSpec) -> Future:
         """A future of the compiled grammar; shared by every request with the same spec."""
@@ -69,6 +77,7 @@ class XGrammarBackend:
                 self._cache.move_to_end(spec.key)
                 self.num_cache_hits += 1
                 return fut
+            self._start_compiler()  # queued ahead of this compile on the one worker
             fut = self._pool.submit(self._compile, spec.structural_tag)
             self._cache[spec.key] = fut
             self.num_compiles += 1

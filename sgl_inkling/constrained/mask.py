@@ -3,8 +3,9 @@
 The bitmask is xgrammar's packed int32 form (1 bit per token, ceil(V/32) words a row), 32x smaller
 than a bool mask: on CUDA it is filled in pinned memory while the device still runs the forward
 (kernel launches are asynchronous and nothing here syncs), copied without blocking and applied by
-xgrammar's kernel; on the CPU a vectorised unpack-and-fill does it (see _apply_on_cpu). Rows without an active grammar are
-skipped entirely, so unconstrained requests in a mixed batch pay nothing.
+xgrammar's kernel; on the CPU a vectorised unpack-and-fill does it (see _apply_on_cpu). Rows
+without an active grammar are skipped entirely, so unconstrained requests in a mixed batch pay
+nothing.
 """
 
 from __future__ import annotations
