@@ -206,14 +206,6 @@ def run_unwrapping_server_errors(program, **kw):
         raise
 
 
-GRAMMAR_PENDING = pytest.mark.xfail(
-    strict=False,
-    raises=SglServerError,
-    reason="grammar-constrained decoding (sgl_inkling/constrained) has not landed; the server answers 400",
-)
-
-
-@GRAMMAR_PENDING
 def test_regex_constrained_gen(endpoint):
     @sgl.function
     def code(s):
@@ -223,7 +215,6 @@ def test_regex_constrained_gen(endpoint):
     assert re.fullmatch(r"[0-9]{3}", state["code"]), state["code"]
 
 
-@GRAMMAR_PENDING
 def test_json_schema_constrained_gen(endpoint):
     import jsonschema
 
