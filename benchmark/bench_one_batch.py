@@ -153,8 +153,8 @@ class Seqs:
         for i, (row, toks) in enumerate(zip(self.rows, tokens)):
             n = len(toks)
             full, swa = r.full_pool.allocator.alloc(n), r.swa_pool.allocator.alloc(n)
-            r.req_to_token.full[row, self.lens[i] : self.lens[i] + n] = full.to(r.device)
-            r.req_to_token.swa[row, self.lens[i] : self.lens[i] + n] = swa.to(r.device)
+            r.req_to_token.write("full", row, self.lens[i], full)
+            r.req_to_token.write("swa", row, self.lens[i], swa)
             self.slots.append((full, swa))
             full_all.append(full)
             swa_all.append(swa)

@@ -6,7 +6,6 @@ import asyncio
 import dataclasses
 import json
 import logging
-import time
 from contextlib import asynccontextmanager
 
 import orjson
@@ -159,7 +158,6 @@ def create_app(tm: TokenizerManager, backend, server_args) -> FastAPI:
         async for out in tm.generate_request(obj, request):
             return Response(orjson.dumps(out), media_type="application/json")
 
-    app.state.started = time.time()
     return app
 
 

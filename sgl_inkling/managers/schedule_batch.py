@@ -30,6 +30,7 @@ class Req:
     new_logprobs: list[tuple[float, int]] = field(default_factory=list)
     new_top_logprobs: list[list[tuple[float, int]]] = field(default_factory=list)
     input_logprobs: list[tuple[float | None, int]] | None = None
+    input_lp_partial: list[tuple[float | None, int]] = field(default_factory=list)  # across chunks
     num_retractions: int = 0
     # Prefix cache: [0, owned) of the tables belongs to the radix tree (locked at last_node).
     owned: int = 0

@@ -246,7 +246,7 @@ class Scheduler:
 
     def _collect_input_logprobs(self, req: Req, rows: torch.Tensor, n: int) -> None:
         """Logprob of each prompt token from logprob_start_len, from the logits one position earlier."""
-        acc = req.__dict__.setdefault("_input_lp", [])
+        acc = req.input_lp_partial
         prompt = req.origin_input_ids
         start = req.logprob_start_len
         if req.kv_len <= start < req.kv_len + n and start == 0:

@@ -24,7 +24,27 @@ class ReqToTokenPool:
         self.pad_row = size
         self.full = torch.zeros(size + 1, max_context_len, dtype=torch.int64, device=device)
         self.swa = torch.zeros(size + 1, max_context_len, dtype=torch.int64, device=device)
+        # Host mirrors: the scheduler's bookkeeping reads slots from here, never from the device
+        # (a device read would sync with the GPU once per request per decode step).
+        on_host = self.full.device.type == "cpu"
+        self.host = {
+            "full": self.full if on_host else torch.zeros(size + 1, max_context_len, dtype=torch.int64),
+            "swa": self.swa if on_host else torch.zeros(size + 1, max_context_len, dtype=torch.int64),
+        }
         self._free = list(range(size))
+
+    def write(self, kind: str, row: int, start: int, slots: torch.Tensor) -> None:
+        """Set positions [start, start + len(slots)) of a row in the `kind` ("full"/"swa") table."""
+        host = self.host[kind]
+        end = start + slots.numel()
+        host[row, start:end] = slots
+        device = self.full if kind == "full" else self.swa
+        if device is not host:
+            device[row, start:end] = host[row, start:end].to(device.device, non_blocking=True)
+
+    def read(self, kind: str, row: int, start: int, end: int) -> torch.Tensor:
+        """Slots of positions [start, end) of a row, from the host mirror (a view)."""
+        return self.host[kind][row, start:end]
 
     def alloc(self) -> int | None:
         return self._free.pop() if self._free else None

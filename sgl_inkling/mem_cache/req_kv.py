@@ -15,7 +15,9 @@ from sgl_inkling.model_executor.model_runner import ModelRunner
 
 
 class ReqKVManager:
-    def __init__(self, runner: ModelRunner, window: int, enable_cache: bool, num_checkpoints: int, interval: int):
+    def __init__(
+        self, runner: ModelRunner, window: int, enable_cache: bool, num_checkpoints: int, interval: int
+    ):
         self.runner = runner
         self.window = window
         self.interval = interval  # a conv checkpoint every this many prompt tokens (0: none)
@@ -41,11 +43,11 @@ class ReqKVManager:
             m = self.radix.match(key)
             c = m.resume_len
             if c > 0:
-                dev = self.runner.device
-                self.rows.full[row, :c] = m.full.to(dev)
                 lo = max(0, c - self.window + 1)
-                self.rows.swa[row, :c] = 0
-                self.rows.swa[row, lo:c] = m.swa[lo:c].to(dev)
+                swa = m.swa.clone()
+                swa[:lo] = 0  # only the window before c is read
+                self.rows.write("full", row, 0, m.full)
+                self.rows.write("swa", row, 0, swa)
                 self.radix.ckpts.restore(m.ckpt, row)
             self.radix.lock(m.node)
             req.last_node, req.kv_len, req.owned, req.swa_released = m.node, c, c, c
@@ -92,9 +94,8 @@ class ReqKVManager:
         if not self.ensure(n, n):
             return None
         full, swa = self.full.alloc(n), self.swa.alloc(n)
-        dev = self.runner.device
-        self.rows.full[req.row, req.kv_len : req.kv_len + n] = full.to(dev)
-        self.rows.swa[req.row, req.kv_len : req.kv_len + n] = swa.to(dev)
+        self.rows.write("full", req.row, req.kv_len, full)
+        self.rows.write("swa", req.row, req.kv_len, swa)
         return full, swa
 
     def release_window(self, req: Req) -> None:
@@ -102,8 +103,8 @@ class ReqKVManager:
         lo = max(req.swa_released, req.owned)
         hi = max(0, req.kv_len - self.window + 1)
         if hi > lo:
-            self.swa.free(self.rows.swa[req.row, lo:hi])
-            self.rows.swa[req.row, lo:hi] = 0
+            self.swa.free(self.rows.read("swa", req.row, lo, hi))
+            self.rows.write("swa", req.row, lo, torch.zeros(hi - lo, dtype=torch.int64))
         req.swa_released = max(req.swa_released, hi)
 
     # ---------------------------------------------------------------- prefix cache
@@ -128,21 +129,23 @@ class ReqKVManager:
             keep = torch.zeros(n - lo, dtype=torch.bool)
             for p in points:
                 keep[max(lo, p - self.window + 1) - lo : max(lo, p) - lo] = True
-            seg = self.rows.swa[req.row, lo:n].cpu()
+            seg = self.rows.read("swa", req.row, lo, n).clone()
             drop = ~keep & (seg != 0)
             if bool(drop.any()):
                 self.swa.free(seg[drop])
                 seg[drop] = 0
-                self.rows.swa[req.row, lo:n] = seg.to(self.runner.device)
+                self.rows.write("swa", req.row, lo, seg)
         tokens = req.fill_ids[:n]
-        full, swa = self.rows.full[req.row, :n].cpu(), self.rows.swa[req.row, :n].cpu()
+        full, swa = (
+            self.rows.read("full", req.row, 0, n).clone(),
+            self.rows.read("swa", req.row, 0, n).clone(),
+        )
         node = self.radix.insert(tokens, full, swa, end_ckpt, dict(req.pending_ckpts))
         req.pending_ckpts.clear()
         # Duplicates of cached slots were freed: point the tables at the tree's copies.
         full, swa = self.radix.slots_of(node)
-        dev = self.runner.device
-        self.rows.full[req.row, :n] = full.to(dev)
-        self.rows.swa[req.row, :n] = swa.to(dev)
+        self.rows.write("full", req.row, 0, full)
+        self.rows.write("swa", req.row, 0, swa)
         self.radix.lock(node)
         self.radix.unlock(req.last_node)
         req.last_node, req.owned = node, n
@@ -152,8 +155,8 @@ class ReqKVManager:
         """Return the request's own slots and row, and unlock its cached prefix."""
         if req.row is None:
             return
-        self.full.free(self.rows.full[req.row, req.owned : req.kv_len])
-        swa = self.rows.swa[req.row, max(req.owned, req.swa_released) : req.kv_len]
+        self.full.free(self.rows.read("full", req.row, req.owned, req.kv_len))
+        swa = self.rows.read("swa", req.row, max(req.owned, req.swa_released), req.kv_len)
         self.swa.free(swa[swa != 0])
         if self.radix is not None:
             if req.last_node is not None:

@@ -42,8 +42,8 @@ class SeqRunner:
         if full is None or swa is None:
             raise RuntimeError("KV pool exhausted")
         start = len(seq.tokens)
-        r.req_to_token.full[seq.row, start : start + n] = full.to(r.device)
-        r.req_to_token.swa[seq.row, start : start + n] = swa.to(r.device)
+        r.req_to_token.write("full", seq.row, start, full)
+        r.req_to_token.write("swa", seq.row, start, swa)
         seq.full_slots.append(full)
         seq.swa_slots.append(swa)
         return full, swa
