@@ -60,10 +60,10 @@ def test_text_prompt_batch_and_stop_strings(server):
     assert isinstance(batch, list) and batch[0]["output_ids"] == single["output_ids"]
     # Stop at a string that greedy decoding is known to produce: a piece of the free-running text.
     target = single["text"][5:9]
-    if target.strip():
-        stopped = server.generate(text=tok_text, sampling_params={**GREEDY, "stop": target})
-        assert stopped["meta_info"]["finish_reason"] == {"type": "stop", "matched": target}
-        assert target not in stopped["text"] and single["text"].startswith(stopped["text"])
+    assert target.strip(), "the greedy text should give a non-blank stop string"
+    stopped = server.generate(text=tok_text, sampling_params={**GREEDY, "stop": target})
+    assert stopped["meta_info"]["finish_reason"] == {"type": "stop", "matched": target}
+    assert target not in stopped["text"] and single["text"].startswith(stopped["text"])
 
 
 def test_stop_token_ids_and_eos(server):
