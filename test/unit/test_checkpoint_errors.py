@@ -130,7 +130,10 @@ def test_config_reads_every_documented_field():
     t = TINY_CONFIG["text_config"]
     assert cfg.layer_types == tuple(t["layer_types"]) and cfg.mlp_layer_types == tuple(t["mlp_layer_types"])
     assert cfg.log_scaling_n_floor == 8 and cfg.unpadded_vocab_size == 200058
-    assert cfg.mtp.num_layers == 2 and cfg.mtp.layer_types == ("hybrid_sliding", "hybrid")
+    assert cfg.mtp.num_layers == 8
+    assert cfg.mtp.layer_types == tuple(
+        "hybrid_sliding" if d in (0, 3, 6) else "hybrid" for d in range(8)
+    )
     # Defaults when a layout is given by ids instead of types (full layer every 6th).
     derived = InklingConfig.from_dict(_cfg(layer_types=None, num_hidden_layers=12, mlp_layer_types=None)).text
     assert derived.layer_types.count("hybrid") == 2 and derived.layer_types[5] == "hybrid"

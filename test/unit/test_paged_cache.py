@@ -103,7 +103,7 @@ def test_mtp_depth_decode_equals_extend(tiny_model):
     ]
     runner.free(seq)
     assert_close(torch.cat([chunk, *steps]), cold, "MTP depth 0 cached vs cold")
-    assert tiny_model.num_mtp_layers == 2
+    assert tiny_model.num_mtp_layers == 8
 
 
 def test_bf16_runs_through_the_caches(tiny_path):

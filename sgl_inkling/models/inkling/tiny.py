@@ -1,7 +1,7 @@
 """`inkling-tiny`: a small Inkling with the real tokenizer and vocabulary, written on first use.
 
-Four trunk layers mix sliding and full attention and dense and MoE FFNs (with sink experts), two
-MTP depths (one sliding, one full), log scaling on. The weights are seeded random numbers scaled so
+Four trunk layers mix sliding and full attention and dense and MoE FFNs (with sink experts), eight
+MTP depths (three sliding, five full), log scaling on. The weights are seeded random numbers scaled so
 activations and logits stay O(1): a stand-in for a trained checkpoint in tests and demos.
 """
 
@@ -20,7 +20,7 @@ from safetensors.torch import save_file
 from sgl_inkling.models.inkling.config import InklingConfig
 
 TINY_NAME = "inkling-tiny"
-_VERSION = 1
+_VERSION = 2
 _SEED = 1234
 
 TINY_CONFIG: dict = {
@@ -60,7 +60,7 @@ TINY_CONFIG: dict = {
         "rms_norm_eps": 1e-6,
         "max_position_embeddings": 4096,
     },
-    "mtp_config": {"num_nextn_predict_layers": 2, "chain_hidden_post_norm": False, "local_layer_ids": [0]},
+    "mtp_config": {"num_nextn_predict_layers": 8, "chain_hidden_post_norm": False, "local_layer_ids": [0, 3, 6]},
     "vision_config": {
         "model_type": "inkling_vision",
         "patch_size": 40,
