@@ -1,0 +1,336 @@
+"""Online serving benchmark through the HTTP server: TTFT, TPOT, ITL and throughput per concurrency.
+
+    # against a running server
+    python benchmark/bench_serving.py --port 30000 --max-concurrency 1 8 64 256
+    # launching one (everything after `--` goes to `python -m sglang.launch_server`)
+    python benchmark/bench_serving.py --launch-server --num-prompts 16 -- --model-path inkling-slice \
+        --load-format dummy
+
+Prompts are seeded random token ids sent as `input_ids` to /generate with `ignore_eos`, greedy, and
+streamed, so every output token's arrival time is seen: TTFT = first token, ITL = gaps between
+chunks, TPOT = (E2E - TTFT) / (output tokens - 1). For each `--max-concurrency` level,
+`--num-prompts` requests (default: twice the level, at least 8) are kept in flight by that many
+client threads (request rate: as fast as the server answers). Flag names follow SGLang's
+bench_serving where it has one. Only the standard library (+ numpy, orjson if present) is used on the
+client side, so it runs anywhere the server does. Writes one JSON file under benchmark/results/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import http.client
+import json
+import queue
+import random
+import subprocess
+import sys
+import threading
+import time
+import urllib.parse
+from pathlib import Path
+
+import numpy as np
+
+try:
+    import orjson
+
+    _loads = orjson.loads
+except ImportError:  # the serving stack ships orjson; plain json is a slower fallback
+    _loads = json.loads
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT)]
+
+from benchmark.bench_one_batch import git_commit  # noqa: E402
+from benchmark.slice_dir import resolve_bench_model  # noqa: E402
+
+# Token ids below this are ordinary BPE tokens of the Inkling vocabulary (specials sit above it).
+RANDOM_VOCAB = 199_998
+
+
+def parse_base(url: str) -> tuple[str, int]:
+    u = urllib.parse.urlsplit(url)
+    return u.hostname or "127.0.0.1", u.port or 80
+
+
+def request_json(base: str, method: str, path: str, body: dict | None = None, timeout: float = 60.0):
+    host, port = parse_base(base)
+    conn = http.client.HTTPConnection(host, port, timeout=timeout)
+    try:
+        payload = json.dumps(body).encode() if body is not None else None
+        conn.request(method, path, body=payload, headers={"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        data = resp.read()
+        return resp.status, data
+    finally:
+        conn.close()
+
+
+def stream_generate(base: str, input_ids: list[int], output_len: int, timeout: float) -> dict:
+    """One streamed /generate; returns its timings (seconds since its send) and token counts."""
+    host, port = parse_base(base)
+    body = {
+        "input_ids": input_ids,
+        "sampling_params": {"max_new_tokens": output_len, "ignore_eos": True, "temperature": 0.0},
+        "stream": True,
+    }
+    conn = http.client.HTTPConnection(host, port, timeout=timeout)
+    out = {"prompt_len": len(input_ids), "output_len": 0, "ttft": None, "itl": [], "e2e": None, "error": None}
+    t0 = time.perf_counter()
+    try:
+        conn.request("POST", "/generate", body=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        if resp.status != 200:
+            out["error"] = f"HTTP {resp.status}: {resp.read()[:300]!r}"
+            return out
+        last = None
+        for raw in resp:  # SSE: `data: {...}` lines, blank separators, then `data: [DONE]`
+            line = raw.strip()
+            if not line.startswith(b"data:"):
+                continue
+            line = line[5:].strip()
+            if line == b"[DONE]":
+                break
+            now = time.perf_counter()
+            n = _loads(line)["meta_info"]["completion_tokens"]
+            if n > out["output_len"]:  # a chunk that only carries the finish reason adds no token
+                if last is None:
+                    out["ttft"] = now - t0
+                else:
+                    out["itl"].append(now - last)
+                last = now
+                out["output_len"] = n
+        out["e2e"] = time.perf_counter() - t0
+    except (OSError, http.client.HTTPException, ValueError, KeyError) as e:
+        out["error"] = f"{type(e).__name__}: {e}"[:300]
+    finally:
+        conn.close()
+    return out
+
+
+def make_prompts(n: int, input_len: int, output_len: int, range_ratio: float, seed: int):
+    """(input ids, output length) pairs; lengths drawn from [ratio * len, len] like SGLang's random set."""
+    rng = random.Random(seed)
+    prompts = []
+    for _ in range(n):
+        i = rng.randint(max(1, int(input_len * range_ratio)), input_len)
+        o = rng.randint(max(1, int(output_len * range_ratio)), output_len)
+        prompts.append(([rng.randrange(RANDOM_VOCAB) for _ in range(i)], o))
+    return prompts
+
+
+def run_level(base: str, prompts, concurrency: int, timeout: float) -> tuple[list[dict], float]:
+    """Keep `concurrency` requests in flight until every prompt has been answered."""
+    todo: queue.Queue = queue.Queue()
+    for p in prompts:
+        todo.put(p)
+    results: list[dict] = []
+    lock = threading.Lock()
+
+    def worker() -> None:
+        while True:
+            try:
+                ids, olen = todo.get_nowait()
+            except queue.Empty:
+                return
+            r = stream_generate(base, ids, olen, timeout)
+            r["expected_output_len"] = olen
+            with lock:
+                results.append(r)
+
+    threads = [threading.Thread(target=worker, daemon=True) for _ in range(min(concurrency, len(prompts)))]
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return results, time.perf_counter() - t0
+
+
+def summarize(results: list[dict], duration: float, concurrency: int) -> dict:
+    ok = [r for r in results if r["error"] is None and r["ttft"] is not None]
+    ms = 1e3
+
+    def stats(name: str, xs: list[float]) -> dict:
+        a = np.asarray(xs, dtype=float) * ms if xs else np.asarray([np.nan])
+        return {f"mean_{name}_ms": float(a.mean()), f"median_{name}_ms": float(np.median(a)),
+                f"std_{name}_ms": float(a.std()), f"p99_{name}_ms": float(np.percentile(a, 99))}  # fmt: skip
+
+    tpots = [(r["e2e"] - r["ttft"]) / (r["output_len"] - 1) for r in ok if r["output_len"] > 1]
+    out_tokens = sum(r["output_len"] for r in ok)
+    in_tokens = sum(r["prompt_len"] for r in ok)
+    return {
+        "max_concurrency": concurrency,
+        "num_prompts": len(results),
+        "completed": len(ok),
+        "failed": len(results) - len(ok),
+        "errors": sorted({r["error"] for r in results if r["error"]})[:5],
+        "duration_s": duration,
+        "total_input_tokens": in_tokens,
+        "total_output_tokens": out_tokens,
+        "request_throughput": len(ok) / duration,
+        "input_throughput": in_tokens / duration,
+        "output_throughput": out_tokens / duration,
+        **stats("ttft", [r["ttft"] for r in ok]),
+        **stats("tpot", tpots),
+        **stats("itl", [x for r in ok for x in r["itl"]]),
+        **stats("e2e_latency", [r["e2e"] for r in ok]),
+        # Per request, for checks and later analysis (seconds).
+        "requests": [{k: r[k] for k in ("prompt_len", "expected_output_len", "output_len", "ttft", "e2e", "error")}
+                     for r in results],  # fmt: skip
+    }
+
+
+class LaunchedServer:
+    """`python -m sglang.launch_server` in a child process; its output goes to a log file."""
+
+    def __init__(self, server_args: list[str], host: str, port: int, log: Path, timeout: float):
+        self.base = f"http://{host}:{port}"
+        log.parent.mkdir(parents=True, exist_ok=True)
+        self.log = log
+        self._log_file = open(log, "w")  # closed in stop(): lives as long as the server
+        cmd = [sys.executable, "-m", "sglang.launch_server", "--host", host, "--port", str(port), *server_args]
+        self.proc = subprocess.Popen(cmd, stdout=self._log_file, stderr=subprocess.STDOUT)
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited with {self.proc.returncode}; log: {log}\n{log.read_text()[-3000:]}")
+            try:
+                if request_json(self.base, "GET", "/health_generate", timeout=30)[0] == 200:
+                    return
+            except OSError:
+                pass
+            time.sleep(1.0)
+        self.stop()
+        raise TimeoutError(f"server not ready after {timeout} s; log: {log}")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._log_file.close()
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def gpu_name() -> str | None:
+    try:
+        import torch
+
+        return torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+    except ImportError:
+        return None
+
+
+def parse_args(argv: list[str] | None):
+    argv = list(sys.argv[1:] if argv is None else argv)
+    server_args = argv[argv.index("--") + 1:] if "--" in argv else []  # fmt: skip
+    own = argv[: argv.index("--")] if "--" in argv else argv
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--base-url", default=None, help="default: http://HOST:PORT")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=30000)
+    p.add_argument("--launch-server", action="store_true",
+                   help="start a server (arguments after `--`; `--model-path inkling-slice` works) on a free port")
+    p.add_argument("--server-timeout", type=float, default=900.0, help="seconds to wait for a launched server")
+    p.add_argument("--dataset-name", choices=("random",), default="random")
+    p.add_argument("--num-prompts", type=int, default=None,
+                   help="requests per concurrency level (default: 2 x the level, at least 8)")
+    p.add_argument("--random-input-len", type=int, default=8192)
+    p.add_argument("--random-output-len", type=int, default=1024)
+    p.add_argument("--random-range-ratio", type=float, default=1.0,
+                   help="lengths drawn from [ratio * len, len]; 1.0: exactly the given lengths")
+    p.add_argument("--max-concurrency", type=int, nargs="+", default=[1, 8, 64, 256])
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--request-timeout", type=float, default=3600.0)
+    p.add_argument("--note", default=None, help="free text stored in the JSON (e.g. why lengths were scaled)")
+    p.add_argument("--output-file", type=Path, default=None)
+    args = p.parse_args(own)
+    args.server_args = server_args
+    return args
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = parse_args(argv)
+    server = None
+    server_args = list(args.server_args)
+    if args.launch_server:
+        server_args, model_name = resolve_bench_model(server_args)
+        port = free_port()
+        log = (args.output_file or ROOT / "benchmark" / "results" / "x").with_suffix(".server.log")
+        t0 = time.perf_counter()
+        server = LaunchedServer(server_args, "127.0.0.1", port, log, args.server_timeout)
+        print(f"server ready in {time.perf_counter() - t0:.0f} s ({model_name}); log: {log}", flush=True)
+        base = server.base
+    else:
+        base = args.base_url or f"http://{args.host}:{args.port}"
+    try:
+        status, data = request_json(base, "GET", "/get_server_info")
+        info = _loads(data) if status == 200 else {}
+        info.pop("internal_states", None)
+        # Warm-up (not timed): compiles kernels and captures graphs the first request would otherwise pay for.
+        warm = stream_generate(base, make_prompts(1, min(args.random_input_len, 64), 4, 1.0, args.seed + 1)[0][0], 4,
+                               args.request_timeout)  # fmt: skip
+        if warm["error"]:
+            raise RuntimeError(f"warm-up request failed: {warm['error']}")
+        runs = []
+        for c in args.max_concurrency:
+            n = args.num_prompts or max(2 * c, 8)
+            prompts = make_prompts(n, args.random_input_len, args.random_output_len, args.random_range_ratio,
+                                   args.seed)  # fmt: skip
+            results, duration = run_level(base, prompts, c, args.request_timeout)
+            runs.append(summarize(results, duration, c))
+            print_row(runs[-1])
+    finally:
+        if server is not None:
+            server.stop()
+
+    commit, dirty = git_commit()
+    ts = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+    result = {
+        "benchmark": "bench_serving",
+        "timestamp": ts,
+        "git_commit": commit,
+        "git_dirty": dirty,
+        "gpu": gpu_name(),
+        "base_url": base,
+        "launched_server": bool(server),
+        "server_cmdline_args": server_args if server else None,
+        "server_args": info,
+        "dataset_name": args.dataset_name,
+        "random_input_len": args.random_input_len,
+        "random_output_len": args.random_output_len,
+        "random_range_ratio": args.random_range_ratio,
+        "seed": args.seed,
+        "note": args.note,
+        "runs": runs,
+    }
+    model = Path(str(info.get("served_model_name") or "model")).name
+    out = args.output_file or ROOT / "benchmark" / "results" / f"bench_serving_{model}_{ts.replace(':', '')}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2))
+    print(f"wrote {out}")
+    return result
+
+
+def print_row(r: dict) -> None:
+    print(f"concurrency {r['max_concurrency']:>4}: {r['completed']}/{r['num_prompts']} ok, "
+          f"{r['output_throughput']:.1f} out tok/s, {r['request_throughput']:.2f} req/s, "
+          f"TTFT mean/p99 {r['mean_ttft_ms']:.1f}/{r['p99_ttft_ms']:.1f} ms, "
+          f"TPOT mean/p99 {r['mean_tpot_ms']:.2f}/{r['p99_tpot_ms']:.2f} ms, "
+          f"ITL median/p99 {r['median_itl_ms']:.2f}/{r['p99_itl_ms']:.2f} ms", flush=True)  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
