@@ -268,7 +268,7 @@ def main(argv: list[str] | None = None) -> dict:
     if args.launch_server:
         server_args, model_name = resolve_bench_model(server_args)
         port = free_port()
-        log = (args.output_file or ROOT / "benchmark" / "results" / "x").with_suffix(".server.log")
+        log = (args.output_file or ROOT / "benchmark" / "results" / "bench_serving").with_suffix(".server.log")
         t0 = time.perf_counter()
         server = LaunchedServer(server_args, "127.0.0.1", port, log, args.server_timeout)
         print(f"server ready in {time.perf_counter() - t0:.0f} s ({model_name}); log: {log}", flush=True)
