@@ -91,12 +91,13 @@ def moe_align(ids: torch.Tensor, num_experts: int, block_m: int) -> tuple[torch.
 
     Returns (pairs [max_blocks * block_m]: flat pair index or num_pairs for padding,
     block_expert [max_blocks]: the expert of each block or -1 past the end). Device ops only;
-    max_blocks = cdiv(P, block_m) + min(E, P) bounds sum_e cdiv(count_e, block_m).
+    max_blocks = cdiv(P, block_m) + min(E + 1, P) bounds sum_e cdiv(count_e, block_m). Id E (an expert
+    held by another rank under expert parallelism) is sorted into a last run that is never computed.
     """
     flat = ids.reshape(-1)
     n_pairs = flat.numel()
-    max_blocks = -(-n_pairs // block_m) + min(num_experts, n_pairs)
-    counts = torch.zeros(num_experts, dtype=torch.int64, device=ids.device)
+    max_blocks = -(-n_pairs // block_m) + min(num_experts + 1, n_pairs)
+    counts = torch.zeros(num_experts + 1, dtype=torch.int64, device=ids.device)
     counts.scatter_add_(0, flat, torch.ones_like(flat))
     blocks = (counts + block_m - 1) // block_m
     block_end = torch.cumsum(blocks, 0)
@@ -161,6 +162,7 @@ def fused_moe(
     shared_weights: torch.Tensor | None = None,  # [T, S] sink gammas
     block_m: int | None = None,
     max_tokens: int = 4096,
+    foreign_ids: bool = False,  # ids may be E (experts on other ranks): their pairs contribute zero
 ) -> torch.Tensor:
     """sum_k w_k E_k(x) (+ sum_s gamma_s Shared_s(x)), summed in fp32, returned in x's dtype.
 
@@ -175,10 +177,12 @@ def fused_moe(
         for a in range(0, t, max_tokens):
             b = min(t, a + max_tokens)
             sw = shared_weights[a:b] if shared_weights is not None else None
-            out[a:b] = fused_moe(x[a:b], w13, w2, ids[a:b], weights[a:b], shared_w13, shared_w2, sw, block_m, max_tokens)
+            out[a:b] = fused_moe(x[a:b], w13, w2, ids[a:b], weights[a:b], shared_w13, shared_w2, sw, block_m,
+                                 max_tokens, foreign_ids)  # fmt: skip
         return out
     n_shared = shared_w13.shape[0] if shared_w13 is not None else 0
-    out = torch.empty(t, k + n_shared, x.shape[1], dtype=torch.float32, device=x.device)
+    alloc = torch.zeros if foreign_ids else torch.empty  # foreign pairs are never written
+    out = alloc(t, k + n_shared, x.shape[1], dtype=torch.float32, device=x.device)
     if t == 0:
         return torch.zeros_like(x)
     _experts_into(x, w13, w2, ids.contiguous(), weights.contiguous(), out[:, :k], block_m)

@@ -37,11 +37,9 @@ def kv_bytes_per_token(model: InklingForCausalLM) -> tuple[int, int]:
 
 
 def model_sconv_bytes(model: InklingForCausalLM) -> int:
-    """Bytes of one request's short-conv state (fp32, K-1 inputs of 4 streams in every layer)."""
-    h, width = model.cfg.hidden_size, model.cfg.conv_kernel_size - 1
-    return sum(
-        4 * width * (2 * a.spec.num_kv_heads * a.spec.head_dim + 2 * h) for a in model.attention_layers()
-    )
+    """Bytes of one request's short-conv state on this rank (fp32, K-1 inputs of 4 streams per layer)."""
+    width = model.cfg.conv_kernel_size - 1
+    return sum(4 * width * sum(chans) for chans in model.sconv_channels().values())
 
 
 def _free_bytes(device: torch.device) -> int:

@@ -26,6 +26,12 @@ ATTENTION_BACKENDS: dict[str, Callable[..., AttentionBackend]] = {
 }
 
 
+def _kv_layout(layers: list, sliding: bool) -> KVLayout:
+    """From the modules, not the config: under TP they hold this rank's KV heads."""
+    spec = next((a.spec for a in layers if a.spec.sliding == sliding), None)
+    return KVLayout(spec.num_kv_heads, spec.head_dim) if spec else KVLayout(0, 0)
+
+
 class ModelRunner:
     def __init__(
         self,
@@ -52,29 +58,20 @@ class ModelRunner:
         self.full_pool = KVPool(
             max_total_tokens,
             full_ids,
-            KVLayout(cfg.num_key_value_heads, cfg.head_dim),
+            _kv_layout(layers, sliding=False),
             self.dtype,
             self.device,
         )
         self.swa_pool = KVPool(
             max_swa_tokens or max_total_tokens,
             swa_ids,
-            KVLayout(cfg.swa_num_key_value_heads, cfg.swa_head_dim),
+            _kv_layout(layers, sliding=True),
             self.dtype,
             self.device,
         )
-        channels = {
-            a.spec.layer_id: (
-                a.spec.num_kv_heads * a.spec.head_dim,
-                a.spec.num_kv_heads * a.spec.head_dim,
-                cfg.hidden_size,
-                cfg.hidden_size,
-            )
-            for a in layers
-        }
         # +1: the padding row of CUDA-graph batches has a state row too.
         self.sconv_pool = SConvStatePool(
-            max_running_requests + 1, channels, cfg.conv_kernel_size, self.device
+            max_running_requests + 1, model.sconv_channels(), cfg.conv_kernel_size, self.device
         )
         self.attn_backend = ATTENTION_BACKENDS[attention_backend](
             self.req_to_token, self.full_pool, self.swa_pool

@@ -76,3 +76,14 @@ def test_moe_align_covers_every_pair_once():
             assert chunk.numel() == 0
         else:
             assert (flat[chunk] == e).all() and chunk.numel() > 0
+
+
+def test_fused_moe_skips_foreign_experts():
+    """Expert parallelism: id E marks an expert held by another rank; its pairs add nothing."""
+    x, w13, w2, ids, weights, sw13, sw2, gam = _problem(*SHAPES[-1], torch.float32, seed=7)
+    e = w13.shape[0]
+    foreign = ids % 3 == 0
+    got = fused_moe(x, w13, w2, torch.where(foreign, e, ids), weights, sw13, sw2, gam, foreign_ids=True)
+    # Reference: the same pairs with zero weight (ids kept valid for the reference loop).
+    want = fused_moe_ref(x, w13, w2, ids, torch.where(foreign, 0.0, weights), sw13, sw2, gam)
+    torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)

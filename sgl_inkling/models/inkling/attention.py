@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from sgl_inkling.distributed.parallel_state import get_parallel
+from sgl_inkling.distributed.sharding import declare, local, on_dim, split, split_kv_heads
 from sgl_inkling.layers.attention.base import AttnLayerSpec
 from sgl_inkling.layers.linear import Linear
 from sgl_inkling.mem_cache.memory_pool import SCONV_K, SCONV_V
@@ -23,10 +25,15 @@ class RelLogitsProj(nn.Module):
 
 
 class InklingAttention(nn.Module):
+    """Under TP each rank holds a contiguous block of query heads and the KV heads they read; the
+    output projection then yields partial sums that the decoder layer reduces."""
+
     def __init__(self, cfg: InklingTextConfig, layer_id: int, sliding: bool):
         super().__init__()
         nh, nkv, hd = cfg.attn_shape(sliding)
         h = cfg.hidden_size
+        heads, kv = split(nh, get_parallel(), "attention heads"), split_kv_heads(nkv, get_parallel())
+        nh, nkv = local(nh, heads), local(nkv, kv)
         self.spec = AttnLayerSpec(
             layer_id=layer_id,
             sliding=sliding,
@@ -50,6 +57,11 @@ class InklingAttention(nn.Module):
         self.rel_logits_proj = RelLogitsProj(cfg.d_rel, self.spec.rel_extent)
         self.k_sconv = ShortConv(nkv * hd, cfg.conv_kernel_size, layer_id, SCONV_K)
         self.v_sconv = ShortConv(nkv * hd, cfg.conv_kernel_size, layer_id, SCONV_V)
+        for mod in (self.wq_du, self.wr_du):
+            declare(mod, "weight", heads)
+        for mod in (self.wk_dv, self.wv_dv, self.k_sconv, self.v_sconv):
+            declare(mod, "weight", kv)
+        declare(self.wo_ud, "weight", on_dim(heads, 1))
 
     def forward(self, x: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
         s = self.spec

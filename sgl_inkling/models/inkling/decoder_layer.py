@@ -1,10 +1,17 @@
-"""One Inkling decoder layer: attention and FFN, each followed by a short conv before the residual."""
+"""One Inkling decoder layer: attention and FFN, each followed by a short conv before the residual.
+
+Under TP the attention and FFN outputs are partial sums: reduce-scatter them over the hidden
+dimension, run the output conv on this rank's channels only, then all-gather (see collectives).
+"""
 
 from __future__ import annotations
 
 import torch
 from torch import nn
 
+from sgl_inkling.distributed.collectives import all_gather_hidden, reduce_scatter_hidden
+from sgl_inkling.distributed.parallel_state import get_parallel
+from sgl_inkling.distributed.sharding import declare, local, split
 from sgl_inkling.mem_cache.memory_pool import SCONV_ATTN, SCONV_MLP
 from sgl_inkling.model_executor.forward_batch import ForwardBatch
 from sgl_inkling.models.inkling.attention import InklingAttention
@@ -20,18 +27,27 @@ class DecoderLayer(nn.Module):
     def __init__(self, cfg: InklingTextConfig, layer_id: int, sliding: bool, mlp_type: str):
         super().__init__()
         h = cfg.hidden_size
+        channels = split(h, get_parallel(), "hidden size")
         self.attn_norm = RMSNorm(h, cfg.rms_norm_eps)
         self.attn = InklingAttention(cfg, layer_id, sliding)
-        self.attn_sconv = ShortConv(h, cfg.conv_kernel_size, layer_id, SCONV_ATTN)
+        self.attn_sconv = ShortConv(local(h, channels), cfg.conv_kernel_size, layer_id, SCONV_ATTN)
         self.mlp_norm = RMSNorm(h, cfg.rms_norm_eps)
         self.mlp = MoE(cfg) if mlp_type == SPARSE else DenseMLP(h, cfg.intermediate_size)
-        self.mlp_sconv = ShortConv(h, cfg.conv_kernel_size, layer_id, SCONV_MLP)
+        self.mlp_sconv = ShortConv(local(h, channels), cfg.conv_kernel_size, layer_id, SCONV_MLP)
+        declare(self.attn_sconv, "weight", channels)
+        declare(self.mlp_sconv, "weight", channels)
+
+    def sconvs(self) -> tuple[ShortConv, ...]:
+        """The four convs in pool stream order (SCONV_K, SCONV_V, SCONV_ATTN, SCONV_MLP)."""
+        return self.attn.k_sconv, self.attn.v_sconv, self.attn_sconv, self.mlp_sconv
 
     def forward(self, h: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
-        a = self.attn_sconv(self.attn(self.attn_norm(h), batch), batch)
+        a = self.attn(self.attn_norm(h), batch)
+        a = all_gather_hidden(self.attn_sconv(reduce_scatter_hidden(a), batch))
         if use_triton(h):
             m_in, h = fused_add_rmsnorm(a, h, self.mlp_norm.weight, self.mlp_norm.eps)
         else:
             h = h + a
             m_in = self.mlp_norm(h)
-        return h + self.mlp_sconv(self.mlp(m_in), batch)
+        m = all_gather_hidden(self.mlp_sconv(reduce_scatter_hidden(self.mlp(m_in)), batch))
+        return h + m

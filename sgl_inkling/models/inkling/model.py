@@ -56,12 +56,20 @@ class InklingForCausalLM(nn.Module):
     def num_mtp_layers(self) -> int:
         return self.cfg.mtp.num_layers if self.cfg.mtp is not None else 0
 
-    def attention_layers(self) -> list:
-        """Every attention module, trunk first, with its pool layer id in `.spec`."""
+    def decoder_layers(self) -> list[DecoderLayer]:
+        """Every decoder layer, trunk first, then the MTP depths' blocks."""
         blocks = list(self.model.llm.layers)
         if self.model.mtp is not None:
             blocks += [m.transformer_block for m in self.model.mtp.layers]
-        return [b.attn for b in blocks]
+        return blocks
+
+    def attention_layers(self) -> list:
+        """Every attention module, trunk first, with its pool layer id in `.spec`."""
+        return [b.attn for b in self.decoder_layers()]
+
+    def sconv_channels(self) -> dict[int, tuple[int, ...]]:
+        """Per pool layer id, the channels this rank's four short convs hold (shards under TP)."""
+        return {b.attn.spec.layer_id: tuple(c.weight.shape[0] for c in b.sconvs()) for b in self.decoder_layers()}
 
     def logits(self, normed_hidden: torch.Tensor) -> torch.Tensor:
         """LM head on final-normed hidden states: divide by the muP width multiplier, slice the padding."""

@@ -1,6 +1,10 @@
 """Feed-forward blocks: the dense SwiGLU MLP and the MoE with expert sinks (reference torch path).
 
 Checkpoint layout keeps gate/up rows interleaved (row 2i gate, 2i+1 up); we split on the fly.
+Under TP every rank sees every token: the dense MLP and the shared experts split their intermediate
+dimension over the ranks; routed experts split into `ep_size` sets (a rank computes only the
+selected experts of its set), each set's intermediate split over the ranks that share it. Every
+output is then a partial sum, reduced by the decoder layer. The router is replicated.
 """
 
 from __future__ import annotations
@@ -9,6 +13,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from sgl_inkling.distributed.parallel_state import get_parallel
+from sgl_inkling.distributed.sharding import Shard, declare, local, split
 from sgl_inkling.layers.linear import Linear, linear
 from sgl_inkling.models.inkling.config import InklingTextConfig
 from sgl_inkling_kernels._triton import use_triton
@@ -24,9 +30,13 @@ def swiglu_interleaved(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor) -> 
 class DenseMLP(nn.Module):
     def __init__(self, hidden: int, intermediate: int):
         super().__init__()
+        inter = split(intermediate, get_parallel(), "MLP intermediate size")
+        intermediate = local(intermediate, inter)
         self.w13_dn = Linear(hidden, 2 * intermediate)
         self.w2_md = Linear(intermediate, hidden)
         self.global_scale = nn.Parameter(torch.ones(1))
+        declare(self.w13_dn, "weight", inter)  # a contiguous block of (gate, up) row pairs
+        declare(self.w2_md, "weight", Shard(1, inter.part, inter.parts))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return swiglu_interleaved(x, self.w13_dn.weight, self.w2_md.weight) * self.global_scale
@@ -60,14 +70,34 @@ class Router(nn.Module):
 class RoutedExperts(nn.Module):
     def __init__(self, cfg: InklingTextConfig):
         super().__init__()
+        p = get_parallel()
         e, i, h = cfg.n_routed_experts, cfg.moe_intermediate_size, cfg.hidden_size
+        if e % p.ep_size or i % p.moe_tp_size:
+            raise ValueError(
+                f"--ep-size {p.ep_size} must divide the routed experts ({e}) and --tp-size / --ep-size "
+                f"({p.moe_tp_size}) the expert intermediate size ({i})"
+            )
+        e, i = e // p.ep_size, i // p.moe_tp_size
+        self.first = p.ep_rank * e  # global id of this rank's first expert
         self.w13_weight = nn.Parameter(torch.zeros(e, 2 * i, h))
         self.w2_weight = nn.Parameter(torch.zeros(e, h, i))
+        experts = Shard(0, p.ep_rank, p.ep_size)
+        declare(self, "w13_weight", experts, Shard(1, p.moe_tp_rank, p.moe_tp_size))
+        declare(self, "w2_weight", experts, Shard(2, p.moe_tp_rank, p.moe_tp_size))
+
+    def local_ids(self, ids: torch.Tensor) -> torch.Tensor:
+        """Global expert ids -> this rank's expert index; experts held elsewhere map to E_local."""
+        n = self.w13_weight.shape[0]
+        rel = ids - self.first
+        return torch.where((rel >= 0) & (rel < n), rel, n)
 
     def forward(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         out = torch.zeros_like(x)
+        ids = self.local_ids(ids)
         # Loop over the experts actually hit: the reference path, exact and simple.
         for e in torch.unique(ids).tolist():
+            if e == self.w13_weight.shape[0]:
+                continue  # another rank's expert
             tok, slot = torch.where(ids == e)
             y = swiglu_interleaved(x[tok], self.w13_weight[e], self.w2_weight[e])
             out.index_add_(0, tok, (y * weights[tok, slot, None]).to(out.dtype))
@@ -78,8 +108,12 @@ class SharedExperts(nn.Module):
     def __init__(self, cfg: InklingTextConfig):
         super().__init__()
         s, i, h = cfg.n_shared_experts, cfg.moe_intermediate_size, cfg.hidden_size
+        inter = split(i, get_parallel(), "expert intermediate size")
+        i = local(i, inter)
         self.shared_w13_weight = nn.Parameter(torch.zeros(s, 2 * i, h))
         self.shared_w2_weight = nn.Parameter(torch.zeros(s, h, i))
+        declare(self, "shared_w13_weight", Shard(1, inter.part, inter.parts))
+        declare(self, "shared_w2_weight", Shard(2, inter.part, inter.parts))
 
     def forward(self, x: torch.Tensor, gammas: torch.Tensor) -> torch.Tensor:
         acc = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
@@ -104,7 +138,8 @@ class MoE(nn.Module):
                 linear(x.float(), g.weight.float()), g.bias, g.global_scale, g.top_k, g.route_scale, x.dtype
             )
             return fused_moe(
-                x, e.w13_weight, e.w2_weight, ids, w, s.shared_w13_weight, s.shared_w2_weight, gam
+                x, e.w13_weight, e.w2_weight, e.local_ids(ids), w, s.shared_w13_weight, s.shared_w2_weight, gam,
+                foreign_ids=get_parallel().ep_size > 1,
             )
         ids, weights, gammas = self.gate(x)
         return self.experts(x, ids, weights) + self.shared_experts(x, gammas)

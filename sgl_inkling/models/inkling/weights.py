@@ -1,4 +1,7 @@
-"""Load hub-format safetensors (single file or sharded) into the model by hub tensor name."""
+"""Load hub-format safetensors (single file or sharded) into the model by hub tensor name.
+
+Under tensor/expert parallelism each rank reads only its slice of a tensor (see distributed.sharding).
+"""
 
 from __future__ import annotations
 
@@ -10,6 +13,8 @@ import torch
 from safetensors import safe_open
 from torch import nn
 from tqdm import tqdm
+
+from sgl_inkling.distributed.sharding import full_shape, param_shards, slices
 
 logger = logging.getLogger(__name__)
 
@@ -47,6 +52,7 @@ def load_safetensors(model: nn.Module, path: str | Path, progress: bool = True) 
     """Copy every hub tensor into the parameter of the same name; shapes and presence are checked."""
     path = Path(path)
     params = dict(model.named_parameters())
+    shards = param_shards(model)
     loaded: set[str] = set()
     files = checkpoint_files(path)
     names_per_file = []
@@ -72,14 +78,15 @@ def load_safetensors(model: nn.Module, path: str | Path, progress: bool = True) 
                     raise WeightLoadError(
                         f"unexpected tensor {name!r} in {f.name}: the model has no such weight"
                     )
-                tensor = sf.get_tensor(name)
-                if tuple(tensor.shape) != tuple(param.shape):
+                view = sf.get_slice(name)
+                shape = tuple(view.get_shape())
+                expected = full_shape(tuple(param.shape), shards.get(name, ()))
+                if shape != expected:
                     raise WeightLoadError(
-                        f"tensor {name!r} in {f.name} has shape {list(tensor.shape)}, "
-                        f"expected {list(param.shape)}"
+                        f"tensor {name!r} in {f.name} has shape {list(shape)}, expected {list(expected)}"
                     )
                 with torch.no_grad():
-                    param.copy_(tensor)
+                    param.copy_(view[slices(shape, shards[name])] if name in shards else view[:])
                 loaded.add(name)
     bar.close()
     missing = sorted(set(params) - loaded)
@@ -91,11 +98,17 @@ def load_safetensors(model: nn.Module, path: str | Path, progress: bool = True) 
 
 
 def init_dummy_weights(model: nn.Module, seed: int = 0) -> None:
-    """Random weights in place on the model's device (`--load-format dummy`): no file, no host copy."""
+    """Random weights in place on the model's device (`--load-format dummy`): no file, no host copy.
+
+    A sharded parameter is drawn at its full shape and sliced, so every TP size sees the same model.
+    """
     gen = None
-    for name, p in model.named_parameters():
-        if gen is None or gen.device != p.device:
-            gen = torch.Generator(device=p.device).manual_seed(seed)
+    shards = param_shards(model)
+    for name, param in model.named_parameters():
+        if gen is None or gen.device != param.device:
+            gen = torch.Generator(device=param.device).manual_seed(seed)
+        full = full_shape(tuple(param.shape), shards.get(name, ()))
+        p = param if full == tuple(param.shape) else param.new_empty(full)
         with torch.no_grad():
             if name.endswith(("norm.weight", "global_scale")):
                 p.fill_(1.0)
@@ -105,3 +118,5 @@ def init_dummy_weights(model: nn.Module, seed: int = 0) -> None:
                 p.normal_(0.0, 0.1, generator=gen)
             else:
                 p.normal_(0.0, 0.02, generator=gen)
+            if p is not param:
+                param.copy_(p[slices(full, shards[name])])

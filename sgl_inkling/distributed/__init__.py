@@ -1,0 +1,1 @@
+"""Tensor and expert parallelism: process groups, shard layouts, collectives."""
