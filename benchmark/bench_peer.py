@@ -140,18 +140,6 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"transformers port of {name}: {gb:.1f} GB of random weights on {device} in "
           f"{time.perf_counter() - t0:.1f} s", flush=True)  # fmt: skip
     vocab = raw["text_config"]["unpadded_vocab_size"]
-    runs, oom = [], {}
-    with torch.inference_mode():
-        for bsz in args.batch_size:
-            run, failed = run_batch_size(model, bsz, args, vocab, device)
-            if failed:
-                oom[bsz] = failed
-            if run is not None:
-                runs.append(run)
-                print(f"port bs {run['batch_size']:>3}: decode step {run['decode_step_ms']:.2f} ms, "
-                      f"{run['tok_per_s_per_user']:.1f} tok/s/user, prefill ~{run['prefill_ms_estimate']:.0f} ms",
-                      flush=True)  # fmt: skip
-
     import transformers
 
     commit, dirty = git_commit()
@@ -170,14 +158,24 @@ def main(argv: list[str] | None = None) -> dict:
         "weights_gb": gb,
         "repeats": args.repeats,
         "requested_batch_sizes": args.batch_size,
-        "out_of_memory_batch_sizes": oom,
-        "runs": runs,
+        "out_of_memory_batch_sizes": {},
+        "runs": [],
     }
     out = args.result_file or ROOT / "benchmark" / "results" / (
         f"bench_peer_{name}_{args.device.replace(':', '')}_{result['timestamp'].replace(':', '')}.json"
     )
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2))
+    with torch.inference_mode():
+        for bsz in args.batch_size:
+            run, failed = run_batch_size(model, bsz, args, vocab, device)
+            if failed:
+                result["out_of_memory_batch_sizes"][bsz] = failed
+            if run is not None:
+                result["runs"].append(run)
+                print(f"port bs {run['batch_size']:>3}: decode step {run['decode_step_ms']:.2f} ms, "
+                      f"{run['tok_per_s_per_user']:.1f} tok/s/user, prefill ~{run['prefill_ms_estimate']:.0f} ms",
+                      flush=True)  # fmt: skip
+            out.write_text(json.dumps(result, indent=2))  # after every size: a time limit keeps the finished ones
     print(f"wrote {out}")
     return result
 

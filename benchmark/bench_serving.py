@@ -23,6 +23,7 @@ import http.client
 import json
 import queue
 import random
+import signal
 import subprocess
 import sys
 import threading
@@ -192,18 +193,26 @@ class LaunchedServer:
         self._log_file = open(log, "w")  # closed in stop(): lives as long as the server
         cmd = [sys.executable, "-m", "sglang.launch_server", "--host", host, "--port", str(port), *server_args]
         self.proc = subprocess.Popen(cmd, stdout=self._log_file, stderr=subprocess.STDOUT)
+        try:
+            self._wait_ready(timeout)
+        except BaseException:  # includes the SIGTERM exit: never leave a server holding the GPU
+            self.stop()
+            raise
+
+    def _wait_ready(self, timeout: float) -> None:
         deadline = time.time() + timeout
         while time.time() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited with {self.proc.returncode}; log: {log}\n{log.read_text()[-3000:]}")
+                raise RuntimeError(
+                    f"server exited with {self.proc.returncode}; log: {self.log}\n{self.log.read_text()[-3000:]}"
+                )
             try:
                 if request_json(self.base, "GET", "/health_generate", timeout=30)[0] == 200:
                     return
             except OSError:
                 pass
             time.sleep(1.0)
-        self.stop()
-        raise TimeoutError(f"server not ready after {timeout} s; log: {log}")
+        raise TimeoutError(f"server not ready after {timeout} s; log: {self.log}")
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -263,6 +272,8 @@ def parse_args(argv: list[str] | None):
 
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
+    # `timeout` sends SIGTERM: unwind normally so the launched server stops and finished levels are kept.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     server = None
     server_args = list(args.server_args)
     if args.launch_server:
@@ -279,47 +290,46 @@ def main(argv: list[str] | None = None) -> dict:
         status, data = request_json(base, "GET", "/get_server_info")
         info = _loads(data) if status == 200 else {}
         info.pop("internal_states", None)
+        commit, dirty = git_commit()
+        ts = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+        result = {
+            "benchmark": "bench_serving",
+            "timestamp": ts,
+            "git_commit": commit,
+            "git_dirty": dirty,
+            "gpu": gpu_name(),
+            "base_url": base,
+            "launched_server": bool(server),
+            "server_cmdline_args": server_args if server else None,
+            "server_args": info,
+            "dataset_name": args.dataset_name,
+            "random_input_len": args.random_input_len,
+            "random_output_len": args.random_output_len,
+            "random_range_ratio": args.random_range_ratio,
+            "seed": args.seed,
+            "note": args.note,
+            "requested_max_concurrency": args.max_concurrency,
+            "runs": [],
+        }
+        model = Path(str(info.get("served_model_name") or "model")).name
+        out = args.output_file or ROOT / "benchmark" / "results" / f"bench_serving_{model}_{ts.replace(':', '')}.json"
+        out.parent.mkdir(parents=True, exist_ok=True)
         # Warm-up (not timed): compiles kernels and captures graphs the first request would otherwise pay for.
         warm = stream_generate(base, make_prompts(1, min(args.random_input_len, 64), 4, 1.0, args.seed + 1)[0][0], 4,
                                args.request_timeout)  # fmt: skip
         if warm["error"]:
             raise RuntimeError(f"warm-up request failed: {warm['error']}")
-        runs = []
         for c in args.max_concurrency:
             n = args.num_prompts or max(2 * c, 8)
             prompts = make_prompts(n, args.random_input_len, args.random_output_len, args.random_range_ratio,
                                    args.seed)  # fmt: skip
             results, duration = run_level(base, prompts, c, args.request_timeout)
-            runs.append(summarize(results, duration, c))
-            print_row(runs[-1])
+            result["runs"].append(summarize(results, duration, c))
+            print_row(result["runs"][-1])
+            out.write_text(json.dumps(result, indent=2))  # after every level: a time limit keeps the finished ones
     finally:
         if server is not None:
             server.stop()
-
-    commit, dirty = git_commit()
-    ts = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
-    result = {
-        "benchmark": "bench_serving",
-        "timestamp": ts,
-        "git_commit": commit,
-        "git_dirty": dirty,
-        "gpu": gpu_name(),
-        "base_url": base,
-        "launched_server": bool(server),
-        "server_cmdline_args": server_args if server else None,
-        "server_args": info,
-        "dataset_name": args.dataset_name,
-        "random_input_len": args.random_input_len,
-        "random_output_len": args.random_output_len,
-        "random_range_ratio": args.random_range_ratio,
-        "seed": args.seed,
-        "note": args.note,
-        "runs": runs,
-    }
-    model = Path(str(info.get("served_model_name") or "model")).name
-    out = args.output_file or ROOT / "benchmark" / "results" / f"bench_serving_{model}_{ts.replace(':', '')}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2))
     print(f"wrote {out}")
     return result
 

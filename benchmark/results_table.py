@@ -1,0 +1,171 @@
+"""Render the README's results tables (Markdown) from the JSON files the benchmarks write.
+
+    python benchmark/results_table.py                       # benchmark/results/*.json, GPU runs only
+    python benchmark/results_table.py DIR_OR_FILES... --include-cpu
+    python benchmark/results_table.py --readme README.md    # replace the block between the markers
+
+Tables: decode latency against the bandwidth floor (bench_one_batch), our runtime against the
+transformers port (bench_one_batch vs bench_peer, same config), and serving throughput and latency
+(bench_serving). Of several files of one kind and config, the newest (by its timestamp) is used.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+KINDS = ("bench_one_batch", "bench_peer", "bench_serving")
+START, END = "<!-- bench-results:start -->", "<!-- bench-results:end -->"
+
+
+def run_key(kind: str, run: dict):
+    return {"bench_one_batch": (run.get("batch_size"), run.get("mode")), "bench_peer": run.get("batch_size")}.get(kind)
+
+
+def load(paths: list[Path], include_cpu: bool) -> dict[tuple[str, str], dict]:
+    """One result per (benchmark, config): the newest file's, with the runs of older files added where
+    the newest lacks that batch size (bench_one_batch and bench_peer run one batch size per file on
+    the GPU). Serving runs are not mixed across files (their lengths may differ)."""
+    files = [f for p in paths for f in (sorted(p.glob("*.json")) if p.is_dir() else [p])]
+    found: dict[tuple[str, str], list[dict]] = {}
+    for f in files:
+        try:
+            d = json.loads(f.read_text())
+        except (OSError, ValueError):
+            continue
+        if not isinstance(d, dict) or d.get("benchmark") not in KINDS or not d.get("runs"):
+            continue
+        if not include_cpu and not d.get("gpu"):
+            continue
+        found.setdefault((d["benchmark"], config_of(d)), []).append(d)
+    merged = {}
+    for (kind, cfg), ds in found.items():
+        ds.sort(key=lambda d: d.get("timestamp", ""))
+        out = dict(ds[-1])
+        if kind != "bench_serving":
+            runs = {run_key(kind, r): r for d in ds for r in d["runs"]}  # newer files overwrite older
+            out["runs"] = list(runs.values())
+            out["sources"] = [d.get("timestamp") for d in ds]
+        merged[(kind, cfg)] = out
+    return merged
+
+
+def config_of(d: dict) -> str:
+    if "config" in d:
+        return d["config"]
+    return str(d.get("server_args", {}).get("served_model_name") or "?")
+
+
+def table(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---:" for _ in header) + "|"]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def f(x, spec: str = ".2f") -> str:
+    return "-" if x is None else format(x, spec)
+
+
+def source(d: dict) -> str:
+    return f"{d['benchmark']}, {d.get('gpu') or d.get('device', 'cpu')}, commit {str(d.get('git_commit'))[:8]}, {d.get('timestamp')}"
+
+
+def best_step_ms(run: dict) -> float:
+    return run.get("cuda_graph_step_ms") or run["decode_step_ms"]
+
+
+def decode_table(d: dict) -> str:
+    rows = []
+    for r in sorted(d["runs"], key=lambda r: (r["batch_size"], r["mode"])):
+        e = r["extrapolated_66_layers"]
+        graph = r.get("cuda_graph_step_ms")
+        rows.append([
+            r["mode"], str(r["batch_size"]), f(r["prefill_ms"], ".1f"), f(r["decode_step_ms"], ".3f"), f(graph, ".3f"),
+            f(r["decode_step_floor_ms"], ".3f"), f(100 * r["decode_step_floor_ms"] / best_step_ms(r), ".0f") + "%",
+            " ".join(f"{x['kind'][0]}{100 * x['achieved_fraction']:.0f}%" for x in r["layers"]),
+            f(e.get("cuda_graph_tok_per_s_per_user") or e["tok_per_s_per_user"], ".1f"),
+            f(e["floor_tok_per_s_per_user"], ".1f"),
+        ])  # fmt: skip
+    header = ["mode", "batch", "prefill ms", "step ms (eager)", "step ms (CUDA graph)", "floor ms",
+              "floor / best", "per layer floor / time", "tok/s/user @66 layers", "floor tok/s/user"]  # fmt: skip
+    return f"Decode latency, {d['config']} (source: {source(d)}):\n\n" + table(header, rows)
+
+
+def peer_table(ours: dict | None, peer: dict) -> str:
+    by_bs = {}
+    for r in (ours or {}).get("runs", []):
+        if r["batch_size"] not in by_bs or best_step_ms(r) < best_step_ms(by_bs[r["batch_size"]]):
+            by_bs[r["batch_size"]] = r
+    rows = []
+    for p in sorted(peer["runs"], key=lambda r: r["batch_size"]):
+        # Same batch when we ran it; else our largest (output tok/s is then the comparable figure).
+        o = by_bs.get(p["batch_size"]) or (by_bs[max(by_bs)] if by_bs else None)
+        o_ms = best_step_ms(o) if o else None
+        o_tps = o["batch_size"] * 1e3 / o_ms if o else None
+        same = o is not None and o["batch_size"] == p["batch_size"]
+        rows.append([
+            str(p["batch_size"]), f(p["decode_step_ms"]), f(p["output_tok_per_s"], ".1f"),
+            str(o["batch_size"]) if o else "-", f(o_ms, ".3f"), f(o_tps, ".1f"),
+            f(p["decode_step_ms"] / o_ms, ".1f") + "x" if same else "-",
+            f(o_tps / p["output_tok_per_s"], ".1f") + "x" if o else "-",
+        ])  # fmt: skip
+    oom = peer.get("out_of_memory_batch_sizes") or {}
+    note = f" The port ran out of memory at batch {sorted({b for v in oom.values() for b in v})}." if oom else ""
+    header = ["port batch", "port ms/step", "port out tok/s", "our batch", "our ms/step", "our out tok/s",
+              "speed-up per user", "speed-up out tok/s"]  # fmt: skip
+    return (f"Against the transformers port, {peer['config']} (eager generate, decode step = "
+            f"(generate(N+k) - generate(N)) / k; source: {source(peer)}).{note}\n\n" + table(header, rows))  # fmt: skip
+
+
+def serving_table(d: dict) -> str:
+    rows = [[
+        str(r["max_concurrency"]), f"{r['completed']}/{r['num_prompts']}", f(r["output_throughput"], ".1f"),
+        f(r["request_throughput"], ".2f"), f(r["mean_ttft_ms"], ".1f"), f(r["p99_ttft_ms"], ".1f"),
+        f(r["mean_tpot_ms"]), f(r["p99_tpot_ms"]), f(r["median_itl_ms"]), f(r["p99_itl_ms"]),
+    ] for r in d["runs"]]  # fmt: skip
+    note = f" {d['note']}" if d.get("note") else ""
+    header = ["concurrency", "ok", "out tok/s", "req/s", "TTFT mean ms", "TTFT p99 ms", "TPOT mean ms",
+              "TPOT p99 ms", "ITL median ms", "ITL p99 ms"]  # fmt: skip
+    return (f"Serving through HTTP, {config_of(d)}: {d['random_input_len']}-token prompts, "
+            f"{d['random_output_len']}-token outputs, seeded random ids.{note} (source: {source(d)})\n\n"
+            + table(header, rows))  # fmt: skip
+
+
+def render(results: dict[tuple[str, str], dict]) -> str:
+    parts = []
+    for (kind, cfg), d in sorted(results.items()):
+        if kind == "bench_one_batch":
+            parts.append(decode_table(d))
+        elif kind == "bench_peer":
+            parts.append(peer_table(results.get(("bench_one_batch", cfg)), d))
+        else:
+            parts.append(serving_table(d))
+    return "\n\n".join(parts) + "\n"
+
+
+def update_readme(readme: Path, text: str) -> None:
+    s = readme.read_text()
+    if START not in s or END not in s:
+        sys.exit(f"{readme}: add the lines {START} and {END} where the tables go")
+    head, rest = s.split(START, 1)
+    readme.write_text(head + START + "\n" + text + rest[rest.index(END):])
+
+
+def main(argv: list[str] | None = None) -> str:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("paths", nargs="*", type=Path, default=[ROOT / "benchmark" / "results"])
+    p.add_argument("--include-cpu", action="store_true", help="also results measured without a GPU")
+    p.add_argument("--readme", type=Path, default=None)
+    args = p.parse_args(argv)
+    text = render(load(args.paths, args.include_cpu))
+    if args.readme:
+        update_readme(args.readme, text)
+    print(text)
+    return text
+
+
+if __name__ == "__main__":
+    main()

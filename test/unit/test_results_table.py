@@ -1,0 +1,69 @@
+"""benchmark/results_table.py on hand-written result files: merging per batch size, the ratios to the
+port, the serving rows and the README block."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from benchmark import results_table
+
+
+def one_batch(bs: int, step: float, graph: float | None, ts: str) -> dict:
+    layer = {"layer": 0, "kind": "sliding", "ms": 1.0, "floor_ms": 0.5, "achieved_fraction": 0.5}
+    run = {"mode": "kernels", "batch_size": bs, "prefill_ms": 10.0, "decode_step_ms": step, "cuda_graph_step_ms": graph,
+           "decode_step_floor_ms": 1.0, "layers": [layer],
+           "extrapolated_66_layers": {"tok_per_s_per_user": 1.0, "cuda_graph_tok_per_s_per_user": None,
+                                      "floor_tok_per_s_per_user": 2.0}}  # fmt: skip
+    return {"benchmark": "bench_one_batch", "config": "inkling-slice", "gpu": "H200", "timestamp": ts,
+            "git_commit": "abc", "runs": [run]}  # fmt: skip
+
+
+@pytest.fixture
+def results(tmp_path):
+    files = {
+        "a.json": one_batch(1, 8.0, 2.0, "2026-01-01T00:00:00"),
+        "b.json": one_batch(64, 20.0, 16.0, "2026-01-02T00:00:00"),
+        "old.json": one_batch(64, 99.0, None, "2025-01-01T00:00:00"),  # superseded by b.json
+        "peer.json": {"benchmark": "bench_peer", "config": "inkling-slice", "gpu": "H200", "timestamp": "t",
+                      "out_of_memory_batch_sizes": {"64": [64]},
+                      "runs": [{"batch_size": 1, "decode_step_ms": 110.0, "output_tok_per_s": 1e3 / 110},
+                               {"batch_size": 32, "decode_step_ms": 400.0, "output_tok_per_s": 32e3 / 400}]},
+        "cpu.json": {**one_batch(1, 3.21, None, "2027-01-01T00:00:00"), "gpu": None},  # not a GPU figure
+        "other.json": {"benchmark": "bench_grammar", "runs": [1]},
+    }  # fmt: skip
+    for name, d in files.items():
+        (tmp_path / name).write_text(json.dumps(d))
+    return tmp_path
+
+
+def test_tables_merge_batch_sizes_and_compare_with_the_port(results):
+    text = results_table.main([str(results)])
+    decode = [line for line in text.splitlines() if line.startswith("| kernels")]
+    assert [line.split("|")[2].strip() for line in decode] == ["1", "64"]
+    assert "99.000" not in text and "3.210" not in text  # the older bs64 file and the CPU file are left out
+    peer_rows = {line.split("|")[1].strip(): line for line in text.splitlines() if line.startswith("| 1 ") or
+                 line.startswith("| 32 ")}  # fmt: skip
+    assert "55.0x" in peer_rows["1"]  # 110 ms (port) / 2 ms (our CUDA graph) at batch 1
+    # Port batch 32 vs our batch 64: output tok/s 64 / 16 ms = 4000 vs 32 / 400 ms = 80, i.e. 50x.
+    assert "| 64 |" in peer_rows["32"] and "50.0x" in peer_rows["32"]
+    assert "out of memory at batch [64]" in text
+
+
+def test_serving_table_and_readme_block(results, tmp_path):
+    run = {"max_concurrency": 8, "completed": 16, "num_prompts": 16, "output_throughput": 1234.5,
+           "request_throughput": 2.0, "mean_ttft_ms": 50.0, "p99_ttft_ms": 90.0, "mean_tpot_ms": 7.0,
+           "p99_tpot_ms": 9.0, "median_itl_ms": 6.5, "p99_itl_ms": 12.0}  # fmt: skip
+    serving = {"benchmark": "bench_serving", "gpu": "H200", "timestamp": "t", "random_input_len": 1024,
+               "random_output_len": 256, "note": "scaled down", "server_args": {"served_model_name": "inkling-slice"},
+               "runs": [run]}  # fmt: skip
+    (results / "serving.json").write_text(json.dumps(serving))
+    readme = tmp_path / "README.md"
+    readme.write_text(f"intro\n{results_table.START}\nstale\n{results_table.END}\nrest\n")
+    text = results_table.main([str(results), "--readme", str(readme)])
+    assert "| 8 | 16/16 | 1234.5 | 2.00 | 50.0 | 90.0 | 7.00 | 9.00 | 6.50 | 12.00 |" in text
+    assert "1024-token prompts, 256-token outputs" in text and "scaled down" in text
+    body = readme.read_text()
+    assert body.startswith("intro\n") and body.endswith(f"{results_table.END}\nrest\n") and "stale" not in body
+    assert text in body
