@@ -12,7 +12,8 @@ import orjson
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 
-from sgl_inkling.entrypoints.metrics import render_metrics
+from sgl_inkling.entrypoints.metrics import render_metrics, replica_loads
+from sgl_inkling.entrypoints.native_fields import strip_accepted_fields
 from sgl_inkling.entrypoints.openai.router import build_openai_router
 from sgl_inkling.managers.io_struct import GenerateReqInput, RequestError
 from sgl_inkling.managers.tokenizer_manager import TokenizerManager
@@ -118,6 +119,14 @@ def create_app(tm: TokenizerManager, backend, server_args) -> FastAPI:
             "version": "0.1.0",
         }
 
+    @app.get("/get_load")
+    async def get_load():
+        return replica_loads(await tm.get_internal_state())
+
+    # The names newer SGLang releases (and sglang-router, before it falls back) use.
+    app.add_api_route("/server_info", server_info, methods=["GET"])
+    app.add_api_route("/model_info", model_info, methods=["GET"])
+
     @app.api_route("/flush_cache", methods=["GET", "POST"])
     async def flush_cache():
         resp = await tm.flush_cache()
@@ -139,7 +148,7 @@ def create_app(tm: TokenizerManager, backend, server_args) -> FastAPI:
 
     @app.api_route("/generate", methods=["POST", "PUT"])
     async def generate(request: Request):
-        data = await read_json(request)
+        data = strip_accepted_fields(await read_json(request))
         unknown = set(data) - _GENERATE_FIELDS
         if unknown:
             raise RequestError(f"unknown field(s) in /generate body: {sorted(unknown)}")
