@@ -2,7 +2,8 @@
 # Issue 7's figures on one H200 in one call from the project root (at most 9 minutes):
 #   1. bench_one_batch on inkling-slice (dummy weights) at batch 1 and 64, eager and kernels + CUDA graph,
 #   2. bench_peer: the transformers port on the same config, batch 1 and the largest of 64/32/... that fits,
-#   3. bench_serving against a launched inkling-slice dummy server at concurrency 1, 8, 64, 256 with
+#   3. test/gpu/test_sampler_sync.py (sampling never waits for the device),
+#   4. bench_serving against a launched inkling-slice dummy server at concurrency 1, 8, 64, 256 with
 #      lengths scaled down from 8K/1K to SERVING_INPUT_LEN/SERVING_OUTPUT_LEN to fit (the JSON says so),
 # then the results tables (benchmark/results_table.py). Everything goes to $OUT (default
 # benchmark/results/gpu_issue7): JSON, logs, server log. Each stage has its own time limit, so one
@@ -57,6 +58,9 @@ done
 # Same prompt length as bench_one_batch; writes after each batch size, so a time-out keeps batch 1.
 stage bench_peer 150 "$PY" benchmark/bench_peer.py --config slice --batch-size 1 64 --input-len 1024 \
   --decode-steps 8 --extra-steps 8 --repeats 2 --result-file "$OUT/bench_peer_inkling-slice.json"
+
+# Sampling must not wait for the device (set_sync_debug_mode("error")); CPU-checked elsewhere.
+stage test_sampler_sync 45 "$PY" -m pytest -q -p no:cacheprovider test/gpu/test_sampler_sync.py
 
 # Writes after each concurrency level; the server is stopped on time-out (SIGTERM is handled).
 left=$((BUDGET - (SECONDS - START) - 15))

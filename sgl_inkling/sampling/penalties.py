@@ -20,6 +20,7 @@ from collections.abc import Sequence
 
 import torch
 
+from .host_copy import to_device
 from .sampling_params import SamplingParams
 
 IndexLike = torch.Tensor | Sequence[int]
@@ -136,9 +137,7 @@ class PenaltyState:
         total = self.num_rows
 
         out_lens = [len(o) for o in output_token_ids] if output_token_ids is not None else [0] * n_new
-        self.output_lens = torch.cat(
-            [self.output_lens, torch.tensor(out_lens, dtype=torch.int64).to(self.device)]
-        )
+        self.output_lens = torch.cat([self.output_lens, to_device(out_lens, torch.int64, self.device)])
         if self._needs_counts():
             self.counts = self._grow(self.counts, total, torch.float32)
             if output_token_ids is not None:
@@ -151,9 +150,10 @@ class PenaltyState:
                 rows, toks = _flatten_rows(prompt_token_ids, start)
                 self._check_ids(toks, "prompt_token_ids")
                 if rows:
-                    r = torch.tensor(rows, dtype=torch.int64).to(self.device)
-                    t = torch.tensor(toks, dtype=torch.int64).to(self.device)
-                    self.prompt_mask[r, t] = True
+                    r = to_device(rows, torch.int64, self.device)
+                    t = to_device(toks, torch.int64, self.device)
+                    # A device tensor of values: a Python scalar would be copied over synchronously.
+                    self.prompt_mask.index_put_((r, t), torch.ones(r.shape, dtype=torch.bool, device=self.device))
         self._dirty = True
 
     def _grow(self, t: torch.Tensor | None, rows: int, dtype: torch.dtype) -> torch.Tensor:
@@ -167,12 +167,13 @@ class PenaltyState:
 
     def _scatter_add(self, rows: IndexLike, toks: IndexLike) -> None:
         assert self.counts is not None
-        r = torch.as_tensor(rows, dtype=torch.int64).to(self.device)
-        t = torch.as_tensor(toks, dtype=torch.int64).to(self.device)
+        r = to_device(rows, torch.int64, self.device)
+        t = to_device(toks, torch.int64, self.device)
         if r.numel():
-            self.counts.index_put_(
-                (r, t), torch.ones(r.shape, dtype=self.counts.dtype, device=self.device), accumulate=True
-            )
+            # Repeated (row, token) pairs must add up: an atomic index_add_ on the flat view does, and
+            # unlike index_put_(accumulate=True) it never waits for the device.
+            ones = torch.ones(r.shape, dtype=self.counts.dtype, device=self.device)
+            self.counts.view(-1).index_add_(0, r * self.vocab_size + t, ones)
 
     def add_tokens(self, row_indices: IndexLike | None, token_ids: IndexLike) -> None:
         """Record newly generated tokens: token_ids[j] was appended to row row_indices[j].
@@ -180,13 +181,13 @@ class PenaltyState:
         row_indices=None means one token for every row, in order (the usual decode step).
         Both may be device tensors; nothing is synchronised.
         """
-        toks = torch.as_tensor(token_ids).to(self.device, torch.int64).reshape(-1)
+        toks = to_device(token_ids, torch.int64, self.device).reshape(-1)
         if row_indices is None:
             if toks.numel() != self.num_rows:
                 raise ValueError(f"expected {self.num_rows} token ids, got {toks.numel()}")
             rows = torch.arange(self.num_rows, device=self.device)
         else:
-            rows = torch.as_tensor(row_indices).to(self.device, torch.int64).reshape(-1)
+            rows = to_device(row_indices, torch.int64, self.device).reshape(-1)
             if rows.numel() != toks.numel():
                 raise ValueError("row_indices and token_ids must have the same length")
         if rows.numel() == 0:
@@ -201,7 +202,7 @@ class PenaltyState:
         for name in ("_rep", "_freq", "_pres", "_min_new", "_stop_ids", "_bias"):
             old = getattr(self, name)
             setattr(self, name, [old[i] for i in idx_list])
-        idx = torch.tensor(idx_list, dtype=torch.int64).to(self.device)
+        idx = to_device(idx_list, torch.int64, self.device)
         self.output_lens = self.output_lens.index_select(0, idx)
         # Drop dense state that no remaining row needs, to free memory.
         self.counts = (
@@ -249,7 +250,7 @@ class PenaltyState:
             return
 
         def dev(values: list, dtype: torch.dtype) -> torch.Tensor:
-            return torch.tensor(values, dtype=dtype).to(self.device)
+            return to_device(values, dtype, self.device)
 
         t: dict[str, torch.Tensor] = {
             "rep": dev(self._rep, torch.float32).unsqueeze(1),
@@ -296,9 +297,9 @@ class PenaltyState:
             assert self.counts is not None
             logits.sub_(t["pres"].to(logits.dtype) * (self.counts > 0).to(logits.dtype))
         if self.use_logit_bias:
-            logits.index_put_(
-                (t["bias_rows"], t["bias_toks"]), t["bias_vals"].to(logits.dtype), accumulate=True
-            )
+            # (row, token) pairs are unique (one dict per row), so a plain gather-add-scatter suffices.
+            rows, toks = t["bias_rows"], t["bias_toks"]
+            logits[rows, toks] = logits[rows, toks] + t["bias_vals"].to(logits.dtype)
         if self.use_min_new_tokens and t["stop_rows"].numel():
             rows, toks = t["stop_rows"], t["stop_toks"]
             still_short = (self.output_lens < t["min_new"])[rows]

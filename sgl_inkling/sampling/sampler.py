@@ -33,6 +33,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .host_copy import to_device
 from .sampling_batch_info import SamplingBatchInfo
 
 _MASK64 = (1 << 64) - 1
@@ -240,8 +241,8 @@ def _fill_logprobs(
         toks = [int(t) for ids in token_ids_logprobs for t in (ids or ())]
         out.token_ids_logprobs = [None if ids is None else list(ids) for ids in token_ids_logprobs]
         if rows:
-            r = torch.tensor(rows, dtype=torch.int64).to(src.device)
-            t = torch.tensor(toks, dtype=torch.int64).to(src.device)
+            r = to_device(rows, torch.int64, src.device)
+            t = to_device(toks, torch.int64, src.device)
             out.token_ids_logprobs_flat = (src[r, t] - lse[r]).clamp_min(floor)
 
 
@@ -284,7 +285,7 @@ def _top_k_top_p_thresholds(probs: torch.Tensor, info: SamplingBatchInfo) -> tor
         if len(rows) == batch:
             sub, top_ks, top_ps = probs, info.top_ks, info.top_ps
         else:
-            idx = torch.tensor(rows, dtype=torch.int64).to(probs.device)
+            idx = to_device(rows, torch.int64, probs.device)
             sub, top_ks, top_ps = probs.index_select(0, idx), info.top_ks[idx], info.top_ps[idx]
         vals = sub.sort(dim=-1, descending=True).values if w == vocab else sub.topk(w, dim=-1).values
         t = _prefix_threshold(vals, top_ks, top_ps, vocab)

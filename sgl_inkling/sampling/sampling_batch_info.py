@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .host_copy import to_device
 from .penalties import PenaltyState
 from .sampling_params import SamplingParams
 
@@ -69,7 +70,7 @@ class SamplingBatchInfo:
             penalties.add_requests(params, prompt_token_ids, output_token_ids, eos_token_ids)
 
         def dev(values: list, dtype: torch.dtype) -> torch.Tensor:
-            return torch.tensor(values, dtype=dtype).to(device)
+            return to_device(values, dtype, device)
 
         info = cls(
             temperatures=dev(temps, torch.float32),
@@ -106,7 +107,7 @@ class SamplingBatchInfo:
     def keep_rows(self, keep: Sequence[int] | torch.Tensor) -> None:
         """Keep only the given rows, in the given order (finished requests removed)."""
         idx_list = [int(i) for i in (keep.tolist() if isinstance(keep, torch.Tensor) else keep)]
-        idx = torch.tensor(idx_list, dtype=torch.int64).to(self.device)
+        idx = to_device(idx_list, torch.int64, self.device)
         for name in ("temperatures", "top_ps", "top_ks", "min_ps", "is_greedy"):
             setattr(self, name, getattr(self, name).index_select(0, idx))
         if self.vocab_mask is not None:

@@ -1,0 +1,25 @@
+"""Host lists to device tensors without stalling the host.
+
+A plain `torch.tensor(values).to("cuda")` copies from pageable memory and waits for the copy, so
+the host blocks until every kernel queued before it (e.g. the forward pass) has finished. Staging
+in pinned memory makes the copy asynchronous and stream-ordered: kernels queued after it see the
+values, and the host keeps queueing work. The caching host allocator keeps the pinned block alive
+until the copy is done.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+
+def to_device(values: Sequence | torch.Tensor, dtype: torch.dtype, device: torch.device | str) -> torch.Tensor:
+    """`values` (a host list, or a tensor on any device) as a `dtype` tensor on `device`."""
+    device = torch.device(device)
+    if isinstance(values, torch.Tensor) and values.device.type != "cpu":
+        return values.to(device, dtype)  # already on a device: no host round trip
+    t = torch.as_tensor(values, dtype=dtype)
+    if device.type != "cuda":
+        return t.to(device)
+    return t.pin_memory().to(device, non_blocking=True)
