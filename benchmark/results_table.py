@@ -90,7 +90,7 @@ def decode_table(d: dict) -> str:
             f(e["floor_tok_per_s_per_user"], ".1f"),
         ])  # fmt: skip
     header = ["mode", "batch", "prefill ms", "step ms (eager)", "step ms (CUDA graph)", "floor ms",
-              "floor / best", "per layer floor / time", "tok/s/user @66 layers", "floor tok/s/user"]  # fmt: skip
+              "floor / best", "per layer floor / eager time", "tok/s/user @66 layers", "floor tok/s/user"]  # fmt: skip
     return f"Decode latency, {d['config']} (source: {source(d)}):\n\n" + table(header, rows)
 
 
