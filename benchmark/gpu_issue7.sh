@@ -24,14 +24,12 @@ export PYTHONPATH="$PWD/kernels:$PWD/python:$PWD${PYTHONPATH:+:$PYTHONPATH}"
 status=0
 
 echo "== environment"
-if ! "$PY" -c "import fastapi, uvicorn, zmq, xgrammar, orjson, tml_renderers" 2>/dev/null; then
-  if ls .whl/*.whl >/dev/null 2>&1; then
-    "$PY" -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl 2>&1 | tail -3
-    export PYTHONPATH="/tmp/site:$PYTHONPATH"
-  else
-    echo "!! serving stack not importable and no .whl/ wheels: the serving stage will fail"
-  fi
+if ls .whl/*.whl >/dev/null 2>&1; then  # the serving stack's wheels (see shared/device/README.md)
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .whl/*.whl 2>&1 | tail -3
+  export PYTHONPATH="/tmp/site:$PYTHONPATH"
 fi
+"$PY" -c "import fastapi, uvicorn, zmq, xgrammar, orjson, jsonschema, tml_renderers" \
+  || echo "!! the serving stack is not importable (carry .whl/): the serving stage will fail"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
 "$PY" -c "import sys, torch, triton, transformers; print('python', sys.version.split()[0], 'torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__)" \
   | tee -a "$OUT/gpu.txt"
