@@ -35,15 +35,19 @@ from sgl_inkling.models.inkling.tiny import TINY_CONFIG, TINY_NAME  # noqa: E402
 
 
 def build_port(raw: dict, dtype: torch.dtype, device: torch.device):
-    """The port with random weights, allocated and initialised on `device` only."""
-    from transformers import InklingForConditionalGeneration
-    from transformers.models.inkling import InklingConfig
+    """The port's text model with random weights, allocated and initialised on `device` only.
+
+    InklingForCausalLM, not the multimodal InklingForConditionalGeneration: text decode runs the same
+    decoder and LM head either way, and the slice's config leaves the vision tower at its default
+    size, whose projections alone would take about 1.5 TB (the towers never run for text).
+    """
+    from transformers.models.inkling import InklingConfig, InklingForCausalLM
     from transformers.utils import logging as hf_logging
 
     hf_logging.set_verbosity_error()
-    config = InklingConfig.from_dict(copy.deepcopy(raw))
+    text_config = InklingConfig.from_dict(copy.deepcopy(raw)).text_config
     with device:
-        model = InklingForConditionalGeneration._from_config(config, dtype=dtype, attn_implementation="eager")
+        model = InklingForCausalLM._from_config(text_config, dtype=dtype, attn_implementation="eager")
     return model.eval()
 
 
@@ -145,7 +149,7 @@ def main(argv: list[str] | None = None) -> dict:
     commit, dirty = git_commit()
     result = {
         "benchmark": "bench_peer",
-        "peer": "transformers InklingForConditionalGeneration, eager attention, generate()",
+        "peer": "transformers InklingForCausalLM (the port's text model), eager attention, generate()",
         "config": name,
         "timestamp": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "git_commit": commit,
