@@ -25,6 +25,10 @@ PARSERS = ("inkling",)
 _TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
+SPEC_ALGORITHMS = ("MTP", "EAGLE", "NEXTN")
+MAX_MTP_STEPS = 8  # Inkling ships eight MTP depths
+
+
 class ServerArgsError(ValueError):
     """An invalid flag value or combination; the message names the flag."""
 
@@ -62,6 +66,11 @@ class ServerArgs:
     cuda_graph_max_bs: int = 128
     grammar_backend: str = "xgrammar"
     disable_cuda_graph: bool = False
+    # Speculative decoding (MTP draft depths)
+    speculative_algorithm: str | None = None  # MTP (EAGLE and NEXTN are accepted aliases)
+    speculative_num_steps: int | None = None  # None: every MTP depth of the checkpoint (8 for Inkling)
+    speculative_num_draft_tokens: int | None = None  # None: num_steps + 1 (chain: one token per depth)
+    speculative_eagle_topk: int = 1
     # Chat parsing
     reasoning_parser: str | None = None
     tool_call_parser: str | None = None
@@ -132,6 +141,17 @@ class ServerArgs:
         g.add_argument("--disable-cuda-graph", action="store_true")
         g.add_argument("--grammar-backend", choices=("xgrammar", "none"), default=d.grammar_backend,
                        help="constrained decoding (json_schema, regex, ebnf, tool calls)")
+
+        g = parser.add_argument_group("speculative decoding")
+        g.add_argument("--speculative-algorithm", choices=SPEC_ALGORITHMS, default=d.speculative_algorithm,
+                       help="MTP: the checkpoint's chained MTP depths draft tokens the trunk verifies "
+                            "(EAGLE and NEXTN mean the same here)")
+        g.add_argument("--speculative-num-steps", type=int, default=d.speculative_num_steps,
+                       help="draft depths per step, 1..num MTP layers (default: all of them)")
+        g.add_argument("--speculative-num-draft-tokens", type=int, default=d.speculative_num_draft_tokens,
+                       help="tokens the trunk verifies per step; must be num-steps + 1 (a chain)")
+        g.add_argument("--speculative-eagle-topk", type=int, default=d.speculative_eagle_topk,
+                       help="branching of the draft tree; only 1 (a chain) is supported")
 
         g = parser.add_argument_group("chat parsing")
         g.add_argument("--reasoning-parser", choices=PARSERS, default=d.reasoning_parser)
@@ -210,6 +230,8 @@ class ServerArgs:
         ):
             fail("--chunked-prefill-size", f"must be positive or -1 (no chunking), got {self.chunked_prefill_size}")
 
+        self._check_speculative(fail)
+
         on_cuda = self.resolved_device() == "cuda"
         if self.attention_backend is None:
             self.attention_backend = "triton" if on_cuda else "torch_native"
@@ -223,6 +245,26 @@ class ServerArgs:
         if self.chunked_prefill_size != -1 and self.max_prefill_tokens < self.chunked_prefill_size:
             fail("--max-prefill-tokens", f"{self.max_prefill_tokens} is smaller than --chunked-prefill-size "
                                          f"{self.chunked_prefill_size}; raise it or lower the chunk size")
+
+    def _check_speculative(self, fail) -> None:
+        steps, drafts = self.speculative_num_steps, self.speculative_num_draft_tokens
+        if self.speculative_algorithm is None:
+            if steps is not None or drafts is not None:
+                fail("--speculative-num-steps", "needs --speculative-algorithm MTP")
+            return
+        if self.speculative_algorithm not in SPEC_ALGORITHMS:
+            fail("--speculative-algorithm", f"{self.speculative_algorithm!r} is not one of {', '.join(SPEC_ALGORITHMS)}")
+        self.speculative_algorithm = "MTP"
+        if steps is not None and not 1 <= steps <= MAX_MTP_STEPS:
+            fail("--speculative-num-steps", f"must be in 1..{MAX_MTP_STEPS}, got {steps}")
+        if drafts is not None and steps is not None and drafts != steps + 1:
+            fail("--speculative-num-draft-tokens", f"must be num-steps + 1 = {steps + 1} for a draft chain, got {drafts}")
+        if drafts is not None and not 2 <= drafts <= MAX_MTP_STEPS + 1:
+            fail("--speculative-num-draft-tokens", f"must be in 2..{MAX_MTP_STEPS + 1}, got {drafts}")
+        if steps is None and drafts is not None:
+            self.speculative_num_steps = drafts - 1
+        if self.speculative_eagle_topk != 1:
+            fail("--speculative-eagle-topk", f"only 1 (a chain of drafts) is supported, got {self.speculative_eagle_topk}")
 
 
 def make_parser() -> argparse.ArgumentParser:

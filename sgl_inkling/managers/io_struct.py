@@ -128,6 +128,9 @@ class BatchTokenOut:
     output_top_logprobs: list[list[list[tuple[float, int]]] | None]
     input_token_logprobs: list[list[tuple[float | None, int]] | None]
     stop_strs: list[str | None]  # the matched stop string, for the detokenizer to trim
+    # MTP: verify steps so far and drafts accepted in them, per request (None without MTP).
+    spec_verify_ct: list[int] | None = None
+    spec_accepted_drafts: list[int] | None = None
 
 
 @dataclass

@@ -40,6 +40,15 @@ class Req:
     admitted_once: bool = False
     arrival: float = field(default_factory=time.monotonic)
     grammar: Any = None  # RequestGrammar when the output is constrained
+    # MTP speculative decoding (speculative/mtp_worker.py).
+    kv_reserved: int = 0  # KV slots held past kv_len for the next verify's tokens
+    drafts: list[int] = field(default_factory=list)
+    draft_masks: Any = None  # grammar bitmask per verify row, for constrained requests
+    draft_limit: int = 0  # most drafts this request may accept in the next verify
+    draft_open: bool = False  # the grammar still constrains the next draft
+    draft_tentative: int = 0  # drafts the grammar accepted tentatively (rolled back after drafting)
+    spec_verify_ct: int = 0
+    spec_accepted_drafts: int = 0
 
     @classmethod
     def from_tokenized(cls, r: TokenizedGenerateReq) -> Req:

@@ -23,6 +23,7 @@ from sgl_inkling.managers import io_struct as io
 from sgl_inkling.managers.schedule_batch import Req
 from sgl_inkling.managers.schedule_policy import SchedulePolicy
 from sgl_inkling.managers.scheduler_memory import size_pools
+from sgl_inkling.managers.scheduler_spec import SpecDecodeMixin
 from sgl_inkling.mem_cache.req_kv import ReqKVManager
 from sgl_inkling.model_executor.forward_batch import ForwardBatch, ForwardMode
 from sgl_inkling.model_executor.model_loader import load_model
@@ -33,7 +34,7 @@ from sgl_inkling.sampling.sampling_batch_info import SamplingBatchInfo
 logger = logging.getLogger(__name__)
 
 
-class Scheduler:
+class Scheduler(SpecDecodeMixin):
     def __init__(self, server_args, model_path: str, recv_addr: str, send_addr: str):
         self.args = server_args
         from sgl_inkling.chat.tokenizer import get_tokenizer
@@ -44,10 +45,12 @@ class Scheduler:
         cfg = model.cfg
         self.context_len = server_args.context_length or cfg.max_position_embeddings
         sizes = size_pools(model, server_args, self.context_len)
+        spec_steps = server_args.speculative_num_steps or model.num_mtp_layers
+        spec_on = server_args.speculative_algorithm is not None
         self.runner = ModelRunner(
             model,
             sizes.max_running_requests,
-            self.context_len + 8,
+            self.context_len + 8 + (spec_steps + 1 if spec_on else 0),  # drafts run past the end
             sizes.max_total_tokens,
             sizes.max_swa_tokens,
             server_args.attention_backend,
@@ -55,6 +58,12 @@ class Scheduler:
         )
         self.sizes = sizes
         self.vocab = cfg.unpadded_vocab_size
+        self.grammar = create_backend(server_args, self.tokenizer, self.vocab)
+        self.spec = None
+        if spec_on:  # before the prefix cache: its checkpoints copy the depths' carried state too
+            from sgl_inkling.speculative.mtp_worker import MTPWorker
+
+            self.spec = MTPWorker(self.runner, server_args.speculative_num_steps, self.grammar)
         chunk = server_args.chunked_prefill_size
         self.chunk_budget = chunk if chunk and chunk > 0 else server_args.max_prefill_tokens
         self.kv = ReqKVManager(
@@ -65,7 +74,6 @@ class Scheduler:
             interval=server_args.sconv_checkpoint_interval or 4 * cfg.sliding_window_size,
         )
         self.policy = SchedulePolicy(server_args.schedule_policy, self.kv.radix)
-        self.grammar = create_backend(server_args, self.tokenizer, self.vocab)
         self.sampler = Sampler(server_args.random_seed, return_original_logprob=True)
         self.waiting: deque[Req] = deque()
         self.running: list[Req] = []
@@ -156,6 +164,7 @@ class Scheduler:
             "num_retracted_reqs": self.num_retracted,
             "num_finished_reqs": self.num_finished,
             **grammar_stats(self.grammar),
+            **(self.spec.stats() if self.spec is not None else {}),
         }
 
     # ---------------------------------------------------------------- prefill
@@ -164,8 +173,9 @@ class Scheduler:
         """Continue partially prefilled requests, then admit waiting ones, within the token and memory budget."""
         budget = self.chunk_budget
         batch: list[tuple[Req, int, tuple]] = []
-        # Keep one decode slot per running request free so admission never forces a retraction.
-        reserve = len(self.running)
+        # Keep one decode step's slots per running request free so admission never forces a retraction.
+        per_req = self.spec.num_steps + 1 if self.spec is not None else 1
+        reserve = per_req * len(self.running)
         for req in self.partial + self.policy.order(self.waiting):
             if budget <= 0:
                 break
@@ -189,7 +199,7 @@ class Scheduler:
             self._remove_waiting(req)
             batch.append((req, n, locs))
             budget -= n
-            reserve += 1
+            reserve += per_req
         if not batch:
             return False
         scheduled = {id(r) for r, _, _ in batch}
@@ -224,7 +234,15 @@ class Scheduler:
         if self.kv.radix is not None:
             fb.sconv_snapshots = {i: self.kv.snapshot_plan(r, n) for i, (r, n, _) in enumerate(batch)}
             fb.sconv_checkpoints = self.kv.radix.ckpts
-        logits = self.runner.forward(fb).logits
+        out = self.runner.forward(fb)
+        logits = out.logits
+        if self.spec is not None:
+            starts = torch.cumsum(torch.tensor([0] + [n for _, n, _ in batch]), 0).tolist()
+            self.spec.after_extend(
+                [(r, n, out.hidden[starts[i] : starts[i] + n], fb.sconv_snapshots.get(i, []))
+                 for i, (r, n, _) in enumerate(batch)],
+                self.kv.radix.ckpts if self.kv.radix is not None else None,
+            )  # fmt: skip
         done, done_logits, offset = [], [], 0
         for (req, n, _), k in zip(batch, counts):
             rows = logits[offset : offset + k]
@@ -243,6 +261,8 @@ class Scheduler:
         if done:
             self.sample_and_advance(done, torch.stack(done_logits))
             self.running.extend(r for r in done if not r.finished)
+            if self.spec is not None:
+                self.start_drafting([r for r in done if not r.finished])
 
     def _collect_input_logprobs(self, req: Req, rows: torch.Tensor, n: int) -> None:
         """Logprob of each prompt token from logprob_start_len, from the logits one position earlier."""
@@ -263,6 +283,9 @@ class Scheduler:
     # ---------------------------------------------------------------- decode
 
     def run_decode(self) -> None:
+        if self.spec is not None:
+            self.run_spec_decode()
+            return
         while not self.kv.ensure(len(self.running), len(self.running)):
             if len(self.running) == 1:
                 req = self.running.pop()
@@ -377,6 +400,8 @@ class Scheduler:
             output_top_logprobs=[r.new_top_logprobs if r.top_logprobs_num else None for r in reqs],
             input_token_logprobs=[r.input_logprobs if r.finished or r.new_tokens else None for r in reqs],
             stop_strs=[r.stop_str for r in reqs],
+            spec_verify_ct=[r.spec_verify_ct for r in reqs] if self.spec is not None else None,
+            spec_accepted_drafts=[r.spec_accepted_drafts for r in reqs] if self.spec is not None else None,
         )
         self.send_sock.send_pyobj(msg)
         for r in reqs:

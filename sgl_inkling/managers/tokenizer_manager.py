@@ -33,6 +33,7 @@ class ReqState:
     top_logprobs: list = dataclasses.field(default_factory=list)
     input_logprobs: list | None = None
     cached_tokens: int = 0
+    spec: tuple[int, int] | None = None  # MTP (verify steps, accepted drafts)
     finished_reason: dict | None = None
     stop_str: str | None = None
     event: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
@@ -98,6 +99,8 @@ class TokenizerManager:
             st.text += msg.new_texts[i]
             st.output_ids.extend(t.new_token_ids[i])
             st.cached_tokens = t.cached_tokens[i]
+            if t.spec_verify_ct is not None:
+                st.spec = (t.spec_verify_ct[i], t.spec_accepted_drafts[i])
             if t.output_token_logprobs[i]:
                 st.output_logprobs.extend(t.output_token_logprobs[i])
             if t.output_top_logprobs[i]:
@@ -313,6 +316,12 @@ class TokenizerManager:
             "finish_reason": st.finished_reason,
             "e2e_latency": time.monotonic() - st.created,
         }
+        if st.spec is not None:
+            steps, accepted = st.spec
+            meta["spec_verify_ct"] = steps
+            meta["spec_accepted_drafts"] = accepted
+            # Tokens per verify step (accepted drafts + the trunk's own token), SGLang's accept length.
+            meta["spec_accept_length"] = (steps + accepted) / steps if steps else 0.0
         if st.return_logprob:
             meta["output_token_logprobs"] = [self._lp(v, t, st) for v, t in st.output_logprobs]
             meta["output_top_logprobs"] = [[self._lp(v, t, st) for v, t in pos] for pos in st.top_logprobs]

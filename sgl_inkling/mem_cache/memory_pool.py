@@ -151,6 +151,14 @@ class SConvStatePool:
             for layer, chans in stream_channels.items()
         }
 
+    def add_state(self, name: str, shape: tuple[int, ...]) -> torch.Tensor:
+        """Extra per-slot state that must travel with the conv windows (saved and restored by the
+        prefix cache's checkpoints), e.g. the hidden states MTP depths carry between steps."""
+        device = next(iter(self.states.values()))[0].device
+        t = torch.zeros((self.size, *shape), dtype=torch.float32, device=device)
+        self.states[name] = [t]  # type: ignore[index]
+        return t
+
     def state(self, layer_id: int, stream: int) -> torch.Tensor:
         return self.states[layer_id][stream]
 

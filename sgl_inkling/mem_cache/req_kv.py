@@ -98,6 +98,20 @@ class ReqKVManager:
         self.rows.write("swa", req.row, req.kv_len, swa)
         return full, swa
 
+    def reserve(self, req: Req, n: int) -> bool:
+        """Hold slots for tokens [kv_len, kv_len + n) (MTP: the tokens the next verify consumes),
+        keeping those already held."""
+        extra = n - req.kv_reserved
+        if extra <= 0:
+            return True
+        if not self.ensure(extra, extra):
+            return False
+        at = req.kv_len + req.kv_reserved
+        self.rows.write("full", req.row, at, self.full.alloc(extra))
+        self.rows.write("swa", req.row, at, self.swa.alloc(extra))
+        req.kv_reserved = n
+        return True
+
     def release_window(self, req: Req) -> None:
         """Free the request's own sliding KV that no future query can see (older than the window)."""
         lo = max(req.swa_released, req.owned)
@@ -155,8 +169,9 @@ class ReqKVManager:
         """Return the request's own slots and row, and unlock its cached prefix."""
         if req.row is None:
             return
-        self.full.free(self.rows.read("full", req.row, req.owned, req.kv_len))
-        swa = self.rows.read("swa", req.row, max(req.owned, req.swa_released), req.kv_len)
+        end = req.kv_len + req.kv_reserved
+        self.full.free(self.rows.read("full", req.row, req.owned, end))
+        swa = self.rows.read("swa", req.row, max(req.owned, req.swa_released), end)
         self.swa.free(swa[swa != 0])
         if self.radix is not None:
             if req.last_node is not None:
@@ -166,6 +181,7 @@ class ReqKVManager:
         req.pending_ckpts.clear()
         self.rows.free(req.row)
         req.row, req.kv_len, req.owned, req.swa_released, req.last_node = None, 0, 0, 0, None
+        req.kv_reserved = 0
 
     def stats(self) -> dict[str, int]:
         out = {

@@ -43,6 +43,12 @@ class ForwardBatch:
     # batch, (tokens of this chunk processed, checkpoint slot) pairs, into `sconv_checkpoints`.
     sconv_snapshots: dict[int, list[tuple[int, int]]] = field(default_factory=dict)
     sconv_checkpoints: Any = None
+    # MTP: layer id -> per-stream buffers [rows, K-1 + n, C] that receive each sequence's conv window
+    # (prior state then the new inputs), so the state after any accepted prefix can be restored.
+    sconv_capture: dict[int, list[torch.Tensor]] | None = None
+    # MTP depth d reads the req-to-token tables shifted by d + 1: its position p consumes token
+    # p + d + 1 and keeps its KV in that token's slot (see speculative/levels.py).
+    table_offset: int = 0
 
     @property
     def batch_size(self) -> int:

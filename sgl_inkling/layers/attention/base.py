@@ -33,11 +33,10 @@ class AttentionBackend(ABC):
         self.full_pool = full_pool
         self.swa_pool = swa_pool
 
-    def pool_of(self, spec: AttnLayerSpec) -> tuple[KVPool, torch.Tensor]:
-        """The KV pool and req-to-token table that hold this layer's keys."""
-        if spec.sliding:
-            return self.swa_pool, self.req_to_token.swa
-        return self.full_pool, self.req_to_token.full
+    def pool_of(self, spec: AttnLayerSpec, table_offset: int = 0) -> tuple[KVPool, torch.Tensor]:
+        """The KV pool and req-to-token table (shifted by `table_offset` columns) of this layer."""
+        pool, table = (self.swa_pool, self.req_to_token.swa) if spec.sliding else (self.full_pool, self.req_to_token.full)
+        return pool, table[:, table_offset:] if table_offset else table
 
     def init_forward_metadata(self, batch: ForwardBatch) -> None:
         """Precompute per-batch index tensors once, before the layers run (none needed by default)."""

@@ -53,7 +53,7 @@ def _attend_rows(
 
 class TorchNativeBackend(AttentionBackend):
     def forward(self, q, k, v, rel, rel_table, tau, spec: AttnLayerSpec, batch: ForwardBatch):
-        pool, table = self.pool_of(spec)
+        pool, table = self.pool_of(spec, batch.table_offset)
         loc = batch.out_loc_swa if spec.sliding else batch.out_loc
         pool.write(spec.layer_id, loc, k, v)
         k_buf, v_buf = pool.buffers(spec.layer_id)

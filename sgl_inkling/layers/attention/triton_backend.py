@@ -32,7 +32,7 @@ class TritonBackend(AttentionBackend):
         self._max_extend = max(batch.extend_lens_cpu, default=0)
 
     def forward(self, q, k, v, rel, rel_table, tau, spec: AttnLayerSpec, batch: ForwardBatch) -> torch.Tensor:
-        pool, table = self.pool_of(spec)
+        pool, table = self.pool_of(spec, batch.table_offset)
         pool.write(spec.layer_id, batch.out_loc_swa if spec.sliding else batch.out_loc, k, v)
         k_buf, v_buf = pool.buffers(spec.layer_id)
         if batch.mode is ForwardMode.DECODE:

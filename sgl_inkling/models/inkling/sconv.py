@@ -26,6 +26,8 @@ class ShortConv(nn.Module):
         state = batch.sconv_pool.state(self.layer_id, self.stream)  # [slots, K-1, C]
         if batch.mode is not ForwardMode.DECODE and batch.sconv_snapshots:
             _snapshot(x, state, batch, self.layer_id, self.stream)  # before the state moves on
+        if batch.sconv_capture is not None and self.layer_id in batch.sconv_capture:
+            _capture(x, state, batch, batch.sconv_capture[self.layer_id][self.stream])
         if use_triton(x):
             if batch.mode is ForwardMode.DECODE:
                 return sconv_decode(x, self.weight, state, batch.req_pool_indices)
@@ -85,6 +87,20 @@ def _snapshot(x: torch.Tensor, state: torch.Tensor, batch: ForwardBatch, layer: 
         )  # row r: position prefix-width+r
         for j, slot in snaps:
             store[slot] = window[j : j + width]
+
+
+def _capture(x: torch.Tensor, state: torch.Tensor, batch: ForwardBatch, out: torch.Tensor) -> None:
+    """Write each sequence's window (prior state, then its new inputs) into out[row] (MTP rollback)."""
+    width = state.shape[1]
+    rows = batch.req_pool_indices.tolist()
+    offset = 0
+    for row, prefix, n in zip(rows, batch.prefix_lens_cpu, batch.extend_lens_cpu):
+        if prefix > 0:
+            out[row, :width] = state[row]
+        else:
+            out[row, :width] = 0
+        out[row, width : width + n] = x[offset : offset + n].to(out.dtype)
+        offset += n
 
 
 def _decode(x: torch.Tensor, w: torch.Tensor, state: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,132 @@
+"""The scheduler's decode step with MTP speculative decoding (mixed into Scheduler)."""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from sgl_inkling.constrained.scheduler_hooks import after_token
+from sgl_inkling.managers.schedule_batch import Req
+from sgl_inkling.model_executor.forward_batch import ForwardBatch, ForwardMode
+from sgl_inkling.sampling.sampling_batch_info import SamplingBatchInfo
+from sgl_inkling.speculative.acceptance import accept_drafts
+
+logger = logging.getLogger(__name__)
+
+
+class SpecDecodeMixin:
+    """Needs the Scheduler's runner, kv, spec (MTPWorker), sampler, tokenizer, running, outbox."""
+
+    def start_drafting(self, reqs: list[Req]) -> None:
+        """After a request's prompt is in and its first token sampled: hold slots for the first
+        verify and let the depths draft."""
+        k = self.spec.num_steps
+        live = []
+        for req in reqs:
+            if req.finished:
+                continue
+            if self.kv.reserve(req, k + 1):
+                live.append(req)
+            else:
+                self.running.remove(req)
+                self.finish(req, {"type": "abort", "message": "out of KV memory"})
+        if live:
+            empty = torch.empty(0, self.runner.model.cfg.hidden_size, device=self.runner.device)
+            self.spec.draft(live, [r.kv_len for r in live], [empty] * len(live))
+
+    def run_spec_decode(self) -> None:
+        r = self.spec.num_steps + 1
+        # A step commits up to r tokens per request and then holds r new slots for the next one.
+        while not self.kv.ensure(r * len(self.running), r * len(self.running)):
+            if len(self.running) == 1:
+                req = self.running.pop()
+                self.finish(req, {"type": "abort", "message": "out of KV memory"})
+                return
+            self.retract_one()
+        reqs = list(self.running)
+        starts = [q.kv_len for q in reqs]
+        rows = self.kv.rows
+        fb = ForwardBatch.build(
+            ForwardMode.EXTEND,
+            [[q.fill_ids[q.kv_len]] + q.drafts for q in reqs],
+            [q.row for q in reqs],
+            starts,
+            torch.cat([rows.read("full", q.row, q.kv_len, q.kv_len + r) for q in reqs]).tolist(),
+            torch.cat([rows.read("swa", q.row, q.kv_len, q.kv_len + r) for q in reqs]).tolist(),
+            self.runner.device,
+            logits_counts=[r] * len(reqs),
+        )
+        fb.sconv_capture = self.spec.trunk_capture
+        out = self.runner.forward(fb)
+        logits = out.logits.float().view(len(reqs), r, -1)
+        raw = logits.clone() if any(q.return_logprob for q in reqs) else None
+        self.spec.verify_masks(reqs, logits)
+        fallback = [i for i, q in enumerate(reqs) if _needs_plain_sampling(q)]
+        limits = [0 if i in fallback else q.draft_limit for i, q in enumerate(reqs)]
+        cands = accept_drafts(
+            logits, [q.drafts for q in reqs], [q.sampling_params for q in reqs], limits,
+            forced=self.spec.forced_counts(len(reqs)),
+        )  # fmt: skip
+        if fallback:
+            toks = self._sample_rows([reqs[i] for i in fallback], logits[fallback, 0])
+            for i, tok in zip(fallback, toks):
+                cands[i] = [tok]
+
+        hidden = []
+        for i, req in enumerate(reqs):
+            n = 0
+            for tok in cands[i]:
+                self._append_token(req, tok, raw[i, n] if raw is not None else None)
+                n += 1
+                if req.finished:
+                    break
+            req.kv_len += n
+            req.kv_reserved -= n
+            self.spec.restore_trunk(req.row, n)
+            hidden.append(out.hidden[i * r : i * r + n])
+            req.spec_verify_ct += 1
+            req.spec_accepted_drafts += n - 1
+            self.spec.num_verify_steps += 1
+            self.spec.num_verify_tokens += n
+            if not req.finished:
+                assert self.kv.reserve(req, r)  # ensured above
+        self.spec.draft(reqs, starts, hidden)
+        for req in reqs:
+            self.kv.release_window(req)  # after drafting: the depths re-read the window from `starts`
+            if req.finished:
+                self.finish(req, req.finished_reason)
+            else:
+                self.outbox.append(req)
+        self.running = [q for q in self.running if not q.finished]
+
+    def _append_token(self, req: Req, tok: int, raw_row: torch.Tensor | None) -> None:
+        req.output_ids.append(tok)
+        req.new_tokens.append(tok)
+        if req.return_logprob and raw_row is not None:
+            lp = torch.log_softmax(raw_row, dim=-1)
+            req.new_logprobs.append((float(lp[tok]), tok))
+            if req.top_logprobs_num > 0:
+                vals, ids = lp.topk(req.top_logprobs_num)
+                req.new_top_logprobs.append(list(zip(vals.tolist(), ids.tolist())))
+        req.check_finished(self.tokenizer)
+        after_token(req, tok)
+
+    def _sample_rows(self, reqs: list[Req], logits: torch.Tensor) -> list[int]:
+        """Requests whose sampling depends on their own history (penalties, seeds) take the trunk's
+        first row through the plain sampler and accept no drafts."""
+        info = SamplingBatchInfo.from_params(
+            [q.sampling_params for q in reqs],
+            logits.shape[-1],
+            logits.device,
+            prompt_token_ids=[q.origin_input_ids for q in reqs],
+            output_token_ids=[q.output_ids for q in reqs],
+            eos_token_ids=sorted(set().union(*(q.stop_token_ids for q in reqs))),
+        )
+        out = self.sampler.sample(logits.clone(), info, steps=[len(q.output_ids) for q in reqs]).to_host()
+        return list(out.next_token_ids)
+
+
+def _needs_plain_sampling(req: Req) -> bool:
+    p = req.sampling_params
+    return p.needs_penalties or (p.seed is not None and not p.is_greedy)
