@@ -9,7 +9,7 @@ import torch
 
 from sgl_inkling.models.inkling.config import InklingConfig
 from sgl_inkling.models.inkling.model import InklingForCausalLM
-from sgl_inkling.models.inkling.weights import init_dummy_weights, load_safetensors
+from sgl_inkling.models.inkling.weights import init_dummy_weights, load_safetensors, tower_modalities
 
 LOAD_FORMATS = ("auto", "safetensors", "dummy")
 
@@ -24,14 +24,30 @@ def _default_dtype(dtype: torch.dtype):
         torch.set_default_dtype(old)
 
 
-def build_model(config: InklingConfig, dtype: torch.dtype, device: torch.device | str) -> InklingForCausalLM:
+def build_model(
+    config: InklingConfig, dtype: torch.dtype, device: torch.device | str, modalities: tuple[str, ...] = ()
+) -> InklingForCausalLM:
     """Allocate without initialising: parameters are created on `meta`, then materialised on `device`.
 
     Modules that must stay fp32 (short convs, router bias and scale) create their parameters in fp32.
     """
     with _default_dtype(dtype), torch.device("meta"):
-        model = InklingForCausalLM(config)
+        model = InklingForCausalLM(config, modalities)
     return model.to_empty(device=device).eval()
+
+
+def resolve_modalities(
+    config: InklingConfig, model_path: str | Path, load_format: str, enable_multimodal: bool | None
+) -> tuple[str, ...]:
+    if enable_multimodal is False:
+        return ()
+    if load_format == "dummy":
+        found = tuple(m for m, sub in (("image", config.vision), ("audio", config.audio)) if sub)
+    else:
+        found = tower_modalities(model_path)
+    if enable_multimodal and not found:
+        raise ValueError(f"--enable-multimodal: the checkpoint at {model_path} has no vision or audio tower")
+    return found
 
 
 def load_model(
@@ -40,11 +56,15 @@ def load_model(
     device: torch.device | str = "cpu",
     load_format: str = "auto",
     progress: bool = True,
+    enable_multimodal: bool | None = False,
 ) -> InklingForCausalLM:
+    """`enable_multimodal`: False builds the text model only; None (auto) builds the media towers
+    the checkpoint has; True requires at least one."""
     if load_format not in LOAD_FORMATS:
         raise ValueError(f"--load-format must be one of {LOAD_FORMATS}, got {load_format!r}")
     config = InklingConfig.from_file(model_path)
-    model = build_model(config, dtype, device)
+    modalities = resolve_modalities(config, model_path, load_format, enable_multimodal)
+    model = build_model(config, dtype, device, modalities)
     if load_format == "dummy":
         init_dummy_weights(model)
     else:

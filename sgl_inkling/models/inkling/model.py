@@ -1,6 +1,7 @@
 """The Inkling text model (trunk + MTP depths) over the runtime's ragged batches and paged caches.
 
-Module names mirror the hub tensor names (`model.llm.*`, `model.mtp.*`), so loading is by name.
+Module names mirror the hub tensor names (`model.llm.*`, `model.mtp.*`, and with multimodal input
+`model.visual.*`, `model.audio.*`), so loading is by name.
 Pool layer ids: trunk layer i is i; MTP depth d is num_hidden_layers + d.
 """
 
@@ -13,10 +14,12 @@ from torch import nn
 
 from sgl_inkling.layers.linear import Linear
 from sgl_inkling.model_executor.forward_batch import ForwardBatch
+from sgl_inkling.models.inkling.audio import InklingAudio
 from sgl_inkling.models.inkling.config import SLIDING, InklingConfig, InklingTextConfig
 from sgl_inkling.models.inkling.decoder_layer import DecoderLayer
 from sgl_inkling.models.inkling.mtp import MTP
 from sgl_inkling.models.inkling.norm import RMSNorm
+from sgl_inkling.models.inkling.vision import InklingVision
 
 
 @dataclass
@@ -39,18 +42,25 @@ class InklingLLM(nn.Module):
 
 
 class InklingModel(nn.Module):
-    def __init__(self, cfg: InklingTextConfig):
+    def __init__(self, config: InklingConfig, modalities: tuple[str, ...]):
         super().__init__()
+        cfg = config.text
         self.llm = InklingLLM(cfg)
         self.mtp = MTP(cfg) if cfg.mtp is not None else None
+        if "image" in modalities:
+            self.visual = InklingVision(config.vision, cfg.hidden_size)
+        if "audio" in modalities:
+            self.audio = InklingAudio(config.audio, cfg.hidden_size)
 
 
 class InklingForCausalLM(nn.Module):
-    def __init__(self, config: InklingConfig):
+    def __init__(self, config: InklingConfig, modalities: tuple[str, ...] = ()):
+        """`modalities`: the media towers to build ("image", "audio"); none for a text-only model."""
         super().__init__()
         self.config = config
         self.cfg = config.text
-        self.model = InklingModel(config.text)
+        self.modalities = tuple(modalities)
+        self.model = InklingModel(config, self.modalities)
 
     @property
     def num_mtp_layers(self) -> int:
@@ -76,13 +86,24 @@ class InklingForCausalLM(nn.Module):
         h = normed_hidden / self.cfg.logits_mup_width_multiplier
         return self.model.llm.unembed(h).float()[:, : self.cfg.unpadded_vocab_size]
 
+    def embed_tokens(self, input_ids: torch.Tensor) -> torch.Tensor:
+        llm = self.model.llm
+        return llm.embed_norm(llm.embed(input_ids))
+
+    @torch.no_grad()
+    def encode_media(self, kind: str, data: torch.Tensor) -> torch.Tensor:
+        """Tower output, one row per placeholder token: "image" pixels [N, T, P, P, C] or "audio"
+        dMel bins [T, 80]."""
+        tower = self.model.visual if kind == "image" else self.model.audio
+        return tower(data)
+
     @torch.no_grad()
     def forward(self, batch: ForwardBatch) -> ModelOutput:
         llm = self.model.llm
         if batch.input_embeds is not None:
             h = batch.input_embeds
         else:
-            h = llm.embed_norm(llm.embed(batch.input_ids))
+            h = self.embed_tokens(batch.input_ids)
         for layer in llm.layers:
             h = layer(h, batch)
         h = llm.norm(h)

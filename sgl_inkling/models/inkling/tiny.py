@@ -1,7 +1,8 @@
 """`inkling-tiny`: a small Inkling with the real tokenizer and vocabulary, written on first use.
 
 Four trunk layers mix sliding and full attention and dense and MoE FFNs (with sink experts), eight
-MTP depths (three sliding, five full), log scaling on. The weights are seeded random numbers scaled so
+MTP depths (three sliding, five full), log scaling on, and small media towers: a two-step hMLP
+vision encoder (40x40 patches, as the full model) and a dMel audio table of 16 bins. The weights are seeded random numbers scaled so
 activations and logits stay O(1): a stand-in for a trained checkpoint in tests and demos.
 """
 
@@ -20,7 +21,7 @@ from safetensors.torch import save_file
 from sgl_inkling.models.inkling.config import InklingConfig
 
 TINY_NAME = "inkling-tiny"
-_VERSION = 2
+_VERSION = 3
 _SEED = 1234
 
 TINY_CONFIG: dict = {
@@ -65,7 +66,8 @@ TINY_CONFIG: dict = {
         "model_type": "inkling_vision",
         "patch_size": 40,
         "temporal_patch_size": 2,
-        "num_hidden_layers": 4,
+        # Two steps keep the tower small (~0.75M parameters); more steps pass through 4800 channels.
+        "num_hidden_layers": 2,
     },
     "audio_config": {"model_type": "inkling_audio", "n_mel_bins": 80, "mel_vocab_size": 16},
 }
@@ -94,10 +96,10 @@ def random_tensor(name: str, shape: tuple[int, ...], gen: torch.Generator) -> to
 
 
 def write_random_checkpoint(config: dict, out_dir: Path, seed: int = _SEED) -> None:
-    """Write config.json and model.safetensors with hub tensor names (trunk and MTP)."""
+    """Write config.json and model.safetensors with hub tensor names (trunk, MTP and media towers)."""
     from sgl_inkling.model_executor.model_loader import build_model
 
-    model = build_model(InklingConfig.from_dict(config), torch.float32, "meta")
+    model = build_model(InklingConfig.from_dict(config), torch.float32, "meta", ("image", "audio"))
     gen = torch.Generator().manual_seed(seed)
     tensors = {
         name: random_tensor(name, tuple(p.shape), gen).contiguous() for name, p in model.named_parameters()

@@ -18,8 +18,8 @@ from sgl_inkling.distributed.sharding import full_shape, param_shards, slices
 
 logger = logging.getLogger(__name__)
 
-# Towers served by the multimodal path; the text model skips them.
-_SKIPPED_PREFIXES = ("model.visual.", "model.audio.")
+# Media towers: loaded when the model has them (multimodal on), skipped by a text-only model.
+_TOWER_PREFIXES = {"image": "model.visual.", "audio": "model.audio."}
 # Extra tensors of quantized checkpoints (e.g. NVFP4 routed experts) that this loader does not handle.
 _QUANT_SUFFIXES = (".scale", ".scale2", ".input_amax", "_scale", "_scale_2", "_input_scale")
 
@@ -48,6 +48,15 @@ def checkpoint_files(path: Path) -> list[Path]:
     return files
 
 
+def tower_modalities(path: str | Path) -> tuple[str, ...]:
+    """The media towers ("image", "audio") whose tensors the checkpoint holds."""
+    names: set[str] = set()
+    for f in checkpoint_files(Path(path)):
+        with safe_open(f, framework="pt", device="cpu") as sf:
+            names.update(sf.keys())
+    return tuple(m for m, prefix in _TOWER_PREFIXES.items() if any(n.startswith(prefix) for n in names))
+
+
 def load_safetensors(model: nn.Module, path: str | Path, progress: bool = True) -> None:
     """Copy every hub tensor into the parameter of the same name; shapes and presence are checked."""
     path = Path(path)
@@ -62,11 +71,12 @@ def load_safetensors(model: nn.Module, path: str | Path, progress: bool = True) 
     total = sum(len(n) for n in names_per_file)
     bar = tqdm(total=total, desc="Loading safetensors", unit="tensor", disable=not progress)
     skipped = 0
+    skip = tuple(p for p in _TOWER_PREFIXES.values() if not any(n.startswith(p) for n in params))
     for f, names in zip(files, names_per_file):
         with safe_open(f, framework="pt", device="cpu") as sf:
             for name in names:
                 bar.update(1)
-                if name.startswith(_SKIPPED_PREFIXES):
+                if skip and name.startswith(skip):
                     skipped += 1
                     continue
                 param = params.get(name)
@@ -94,7 +104,7 @@ def load_safetensors(model: nn.Module, path: str | Path, progress: bool = True) 
         more = f" (and {len(missing) - 5} more)" if len(missing) > 5 else ""
         raise WeightLoadError(f"checkpoint {path} is missing tensor(s) {', '.join(missing[:5])}{more}")
     if skipped:
-        logger.info("skipped %d vision/audio tower tensors (text-only model)", skipped)
+        logger.info("skipped %d vision/audio tower tensors (multimodal off)", skipped)
 
 
 def init_dummy_weights(model: nn.Module, seed: int = 0) -> None:
