@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 from dataclasses import dataclass
 
 import torch
@@ -44,6 +45,8 @@ class ServerArgs:
     context_length: int | None = None  # None: the model's max_position_embeddings
     dtype: str = "auto"
     device: str = "auto"
+    enable_multimodal: bool | None = None  # None: on when the checkpoint has vision/audio towers
+    allowed_local_media_path: str | None = None  # media may be read from files under this directory
     # HTTP
     host: str = "127.0.0.1"
     port: int = 30000
@@ -103,6 +106,10 @@ class ServerArgs:
         g.add_argument("--dtype", choices=DTYPES, default=d.dtype,
                        help="auto: bfloat16 on cuda, float32 on cpu.")
         g.add_argument("--device", choices=DEVICES, default=d.device, help="auto: cuda when available.")
+        g.add_argument("--enable-multimodal", action=argparse.BooleanOptionalAction, default=d.enable_multimodal,
+                       help="Image and audio input. Default: on when the checkpoint has the vision/audio towers.")
+        g.add_argument("--allowed-local-media-path", default=d.allowed_local_media_path,
+                       help="Directory whose files requests may name as image/audio input (default: none).")
 
         g = parser.add_argument_group("http")
         g.add_argument("--host", default=d.host)
@@ -212,6 +219,8 @@ class ServerArgs:
             fail("--tp-size", f"tensor parallelism is not available yet (got {self.tp_size}); use --tp-size 1")
         if self.mem_fraction_static is not None and not 0.0 < self.mem_fraction_static < 1.0:
             fail("--mem-fraction-static", f"must be in (0, 1), got {self.mem_fraction_static}")
+        if self.allowed_local_media_path is not None and not os.path.isdir(self.allowed_local_media_path):
+            fail("--allowed-local-media-path", f"{self.allowed_local_media_path!r} is not a directory")
         if self.context_length is not None and self.context_length < 1:
             fail("--context-length", f"must be >= 1, got {self.context_length}")
         for flag, value in (

@@ -229,3 +229,14 @@ def render_chat(
     if prompt.has_media and not allow_media:
         raise ChatRequestError("image and audio inputs are not supported on this endpoint")
     return prompt
+
+
+def render_media_message(content: Any, tokenizer: InklingTokenizer | None = None) -> list[chat.TokenSpan]:
+    """The spans of one user message holding an image or audio pointer (tml-renderers encodes audio)."""
+    tokenizer = tokenizer or get_tokenizer()
+    message = chat.Message(content, chat.Author(chat.AuthorKind.User))
+    try:
+        spans, _ = v0.Renderer(tokenizer.tml).render_for_completion([message])
+    except Exception as e:
+        raise ChatRequestError(f"cannot encode the media: {e}") from None
+    return list(spans)

@@ -33,6 +33,8 @@ class GenerateReqInput:
     audio_data: Any = None
     # Set by the chat layer (TMLv0 framing, tools); native requests get theirs from sampling_params.
     grammar: Any = None  # sgl_inkling.constrained.GrammarSpec
+    # Set by the chat layer: media already laid into input_ids (sgl_inkling.multimodal.MediaItem).
+    mm_items: Any = None
 
     @property
     def is_batch(self) -> bool:
@@ -61,7 +63,10 @@ class GenerateReqInput:
             top_logprobs_num=pick(self.top_logprobs_num),
             return_text_in_logprobs=self.return_text_in_logprobs,
             stream=self.stream,
+            image_data=pick(self.image_data) if self.is_batch else self.image_data,
+            audio_data=pick(self.audio_data) if self.is_batch else self.audio_data,
             grammar=self.grammar,
+            mm_items=self.mm_items,
         )
 
 
@@ -82,6 +87,7 @@ class TokenizedGenerateReq:
     stream: bool = False
     stop_token_ids: list[int] = field(default_factory=list)  # end-of-turn and eos ids unless ignore_eos
     grammar: Any = None  # sgl_inkling.constrained.GrammarSpec: compiled and enforced by the scheduler
+    mm_items: list | None = None  # sgl_inkling.multimodal.MediaItem: images and audio, by prompt position
 
 
 @dataclass

@@ -49,6 +49,9 @@ class Req:
     draft_tentative: int = 0  # drafts the grammar accepted tentatively (rolled back after drafting)
     spec_verify_ct: int = 0
     spec_accepted_drafts: int = 0
+    mm_items: list | None = None  # sgl_inkling.multimodal.MediaItem, by prompt position
+    mm_embeds: dict = field(default_factory=dict)  # item index -> tower output, while prefill needs it
+    _mm_key: list[int] | None = None
 
     @classmethod
     def from_tokenized(cls, r: TokenizedGenerateReq) -> Req:
@@ -60,11 +63,23 @@ class Req:
             return_logprob=r.return_logprob,
             logprob_start_len=r.logprob_start_len,
             top_logprobs_num=r.top_logprobs_num,
+            mm_items=r.mm_items,
         )
 
     @property
     def fill_ids(self) -> list[int]:
         return self.origin_input_ids + self.output_ids
+
+    @property
+    def cache_key(self) -> list[int]:
+        """fill_ids as the radix tree keys them: media placeholders carry their content's hash."""
+        if not self.mm_items:
+            return self.fill_ids
+        if self._mm_key is None:
+            from sgl_inkling.multimodal.items import cache_key
+
+            self._mm_key = cache_key(self.origin_input_ids, self.mm_items)
+        return self._mm_key + self.output_ids
 
     @property
     def finished(self) -> bool:

@@ -26,5 +26,5 @@ class SchedulePolicy:
         now = time.monotonic()
         overdue = [r for r in reqs if now - r.arrival > MAX_WAIT_S]
         rest = [r for r in reqs if now - r.arrival <= MAX_WAIT_S]
-        rest.sort(key=lambda r: -self.radix.peek(r.fill_ids))  # stable: FCFS among equals
+        rest.sort(key=lambda r: -self.radix.peek(r.cache_key))  # stable: FCFS among equals
         return overdue + rest

@@ -28,6 +28,7 @@ from sgl_inkling.mem_cache.req_kv import ReqKVManager
 from sgl_inkling.model_executor.forward_batch import ForwardBatch, ForwardMode
 from sgl_inkling.model_executor.model_loader import load_model
 from sgl_inkling.model_executor.model_runner import ModelRunner
+from sgl_inkling.multimodal.embed import extend_input_embeds
 from sgl_inkling.sampling.sampler import Sampler
 from sgl_inkling.sampling.sampling_batch_info import SamplingBatchInfo
 
@@ -41,7 +42,9 @@ class Scheduler(SpecDecodeMixin):
 
         self.tokenizer = get_tokenizer(server_args.tokenizer_path)
         device, dtype = server_args.resolved_device(), server_args.resolved_dtype()
-        model = load_model(model_path, dtype, device, server_args.load_format)
+        model = load_model(
+            model_path, dtype, device, server_args.load_format, enable_multimodal=server_args.enable_multimodal
+        )
         cfg = model.cfg
         self.context_len = server_args.context_length or cfg.max_position_embeddings
         sizes = size_pools(model, server_args, self.context_len)
@@ -97,6 +100,11 @@ class Scheduler(SpecDecodeMixin):
             "vocab_size": self.vocab,
             "device": str(self.runner.device),
             "dtype": str(self.runner.dtype).replace("torch.", ""),
+            "media": {
+                "modalities": list(self.runner.model.modalities),
+                "image_token_id": self.runner.model.config.image_token_id,
+                "audio_token_id": self.runner.model.config.audio_token_id,
+            },
         }
 
     # ---------------------------------------------------------------- loop
@@ -231,6 +239,7 @@ class Scheduler(SpecDecodeMixin):
             self.runner.device,
             logits_counts=counts,
         )
+        fb.input_embeds = extend_input_embeds(self.runner.model, [(r, r.kv_len, n) for r, n, _ in batch], fb.input_ids)
         if self.kv.radix is not None:
             fb.sconv_snapshots = {i: self.kv.snapshot_plan(r, n) for i, (r, n, _) in enumerate(batch)}
             fb.sconv_checkpoints = self.kv.radix.ckpts

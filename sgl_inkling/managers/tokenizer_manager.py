@@ -16,6 +16,7 @@ import zmq.asyncio
 
 from sgl_inkling.constrained import GrammarError, GrammarSpec, native_grammar
 from sgl_inkling.managers import io_struct as io
+from sgl_inkling.multimodal.processor import media_processor
 from sgl_inkling.sampling.sampling_params import SamplingParams, SamplingParamsError
 
 logger = logging.getLogger(__name__)
@@ -50,6 +51,7 @@ class TokenizerManager:
         self.context_len = info["context_len"]
         self.vocab_size = info["vocab_size"]
         self.tokenizer = get_tokenizer(server_args.tokenizer_path)
+        self.media = media_processor(server_args, info.get("media") or {})
         self.reasoning_parser = server_args.reasoning_parser
         self.tool_call_parser = server_args.tool_call_parser
         self._scheduler_addr = scheduler_addr
@@ -166,12 +168,11 @@ class TokenizerManager:
     def _tokenize(self, obj: io.GenerateReqInput) -> tuple[io.TokenizedGenerateReq, io.GenerateReqInput]:
         if (obj.text is None) == (obj.input_ids is None):
             raise io.RequestError("give exactly one of 'text' or 'input_ids'")
-        if obj.image_data is not None or obj.audio_data is not None:
-            raise io.RequestError("this server does not accept image or audio input yet")
+        has_media = obj.image_data is not None or obj.audio_data is not None
         if obj.text is not None:
             if not isinstance(obj.text, str):
                 raise io.RequestError("'text' must be a string or a list of strings")
-            input_ids = self.tokenizer.encode(obj.text)
+            input_ids = self.media.encode_text(obj.text, self.tokenizer) if has_media else self.tokenizer.encode(obj.text)
         else:
             input_ids = obj.input_ids
             if not isinstance(input_ids, list) or not all(
@@ -181,6 +182,9 @@ class TokenizerManager:
             bad = [t for t in input_ids if not 0 <= t < self.vocab_size]
             if bad:
                 raise io.RequestError(f"token id {bad[0]} is outside the vocabulary [0, {self.vocab_size})")
+        mm_items = obj.mm_items
+        if has_media:
+            input_ids, mm_items = self.media.expand_request(input_ids, obj.image_data, obj.audio_data)
         if not input_ids:
             raise io.RequestError("the prompt is empty")
         if len(input_ids) >= self.context_len:
@@ -227,6 +231,7 @@ class TokenizerManager:
             stream=obj.stream,
             stop_token_ids=stop_ids,
             grammar=grammar,
+            mm_items=mm_items or None,
         )
         return tok, obj
 

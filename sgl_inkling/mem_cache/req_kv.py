@@ -39,7 +39,8 @@ class ReqKVManager:
         req.row, req.kv_len, req.owned, req.swa_released, req.divergence = row, 0, 0, 0, None
         if self.radix is not None:
             # Prompt logprobs need logits from logprob_start_len on: resume no later than that.
-            key = req.fill_ids[: max(1, req.logprob_start_len)] if req.wants_input_logprobs else req.fill_ids
+            key = req.cache_key
+            key = key[: max(1, req.logprob_start_len)] if req.wants_input_logprobs else key
             m = self.radix.match(key)
             c = m.resume_len
             if c > 0:
@@ -149,7 +150,7 @@ class ReqKVManager:
                 self.swa.free(seg[drop])
                 seg[drop] = 0
                 self.rows.write("swa", req.row, lo, seg)
-        tokens = req.fill_ids[:n]
+        tokens = req.cache_key[:n]
         full, swa = (
             self.rows.read("full", req.row, 0, n).clone(),
             self.rows.read("swa", req.row, 0, n).clone(),

@@ -48,8 +48,15 @@ class SeqRunner:
         seq.swa_slots.append(swa)
         return full, swa
 
-    def step(self, seqs: list[Seq], new_tokens: list[list[int]], all_logits: bool = False) -> ModelOutput:
-        """Run the new tokens of every sequence in one batch (decode when each brings exactly one)."""
+    def step(
+        self,
+        seqs: list[Seq],
+        new_tokens: list[list[int]],
+        all_logits: bool = False,
+        input_embeds: torch.Tensor | None = None,
+    ) -> ModelOutput:
+        """Run the new tokens of every sequence in one batch (decode when each brings exactly one).
+        `input_embeds` [T, H], if given, replaces the token embeddings (media prompts)."""
         mode = (
             ForwardMode.DECODE
             if all(len(t) == 1 for t in new_tokens) and not all_logits
@@ -67,6 +74,7 @@ class SeqRunner:
             self.runner.device,
             all_logits=all_logits,
         )
+        batch.input_embeds = input_embeds
         out = self.runner.forward(batch)
         for s, t in zip(seqs, new_tokens):
             s.tokens.extend(t)

@@ -54,6 +54,7 @@ from sgl_inkling.entrypoints.openai.serving_base import (
     usage_of,
 )
 from sgl_inkling.managers.io_struct import GenerateReqInput
+from sgl_inkling.multimodal import MediaError
 
 
 @dataclass(frozen=True)
@@ -86,17 +87,20 @@ def _tools(req: ChatCompletionRequest) -> list[dict[str, Any]] | None:
 
 def _build(tm: TokenizerManager, req: ChatCompletionRequest) -> tuple[_Setup, list[Choice]]:
     tools = _tools(req)
+    messages, images = tm.media.chat_messages(req.messages)
     prompt = render_chat(
-        req.messages,
+        messages,
         tools,
         req.reasoning_effort,
         chat_template_kwargs=req.chat_template_kwargs,
         tokenizer=tm.tokenizer,
+        allow_media=True,
     )
+    input_ids, mm_items = tm.media.expand_chat(prompt.spans, images) if prompt.has_media else (prompt.input_ids, None)
     max_new = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     if max_new is None:
         # Unbounded but for the context (SGLang's chat default); the prompt length is known here.
-        max_new = max(tm.context_len - len(prompt.input_ids), 0)
+        max_new = max(tm.context_len - len(input_ids), 0)
     sp = sampling_params(req, max_new)
     # The engine stops at the tokenizer's end ids itself; add only what the renderer wants beyond them.
     eos = set(getattr(tm.tokenizer, "eos_token_ids", []) or [])
@@ -118,7 +122,8 @@ def _build(tm: TokenizerManager, req: ChatCompletionRequest) -> tuple[_Setup, li
         make_choice(
             i,
             GenerateReqInput(
-                input_ids=list(prompt.input_ids),
+                input_ids=list(input_ids),
+                mm_items=mm_items,
                 sampling_params=dict(sp),
                 stream=req.stream,
                 return_logprob=req.logprobs,
@@ -142,7 +147,7 @@ async def serve_chat(tm: TokenizerManager, req: ChatCompletionRequest, raw_reque
         return err
     try:
         setup, choices = _build(tm, req)
-    except ChatRequestError as e:
+    except (ChatRequestError, MediaError) as e:
         return error_response(str(e), 400, param="messages")
     except GrammarError as e:
         return error_response(str(e), 400)
