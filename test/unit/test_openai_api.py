@@ -21,6 +21,7 @@ from sgl_inkling.chat import render_chat
 from sgl_inkling.chat.tokenizer import get_tokenizer
 from sgl_inkling.entrypoints.openai import build_openai_router
 from sgl_inkling.managers.io_struct import GenerateReqInput, RequestError
+from sgl_inkling.multimodal.processor import media_processor
 
 MODEL = "inkling-test"
 USER = [{"role": "user", "content": "What is 2+2?"}]
@@ -92,6 +93,7 @@ class FakeTM:
         self.requests: list[GenerateReqInput] = []
         self.aborted: list[str] = []
         self.closed: list[str] = []
+        self.media = media_processor(None, {})  # a text-only model: media requests are refused
 
     def abort_request(self, rid: str) -> None:
         self.aborted.append(rid)
