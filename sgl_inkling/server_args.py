@@ -21,6 +21,7 @@ LOAD_FORMATS = ("auto", "safetensors", "dummy")
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 ATTENTION_BACKENDS = ("torch_native", "triton")
 SCHEDULE_POLICIES = ("fcfs", "lpm")
+LOAD_BALANCE_METHODS = ("round_robin", "shortest_queue")
 PARSERS = ("inkling",)
 
 _TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -65,6 +66,8 @@ class ServerArgs:
     stream_interval: int = 1
     # Parallelism and kernels
     tp_size: int = 1
+    dp_size: int = 1  # data-parallel replicas, each its own scheduler group with its own model and pools
+    load_balance_method: str = "round_robin"
     attention_backend: str | None = None  # None: triton on cuda, torch_native on cpu
     cuda_graph_max_bs: int = 128
     grammar_backend: str = "xgrammar"
@@ -141,6 +144,12 @@ class ServerArgs:
 
         g = parser.add_argument_group("parallelism and kernels")
         g.add_argument("--tp-size", "--tp", "--tensor-parallel-size", dest="tp_size", type=int, default=d.tp_size)
+        g.add_argument("--dp-size", "--dp", "--data-parallel-size", dest="dp_size", type=int, default=d.dp_size,
+                       help="Data-parallel replicas in this server; a controller dispatches requests to them "
+                            "(on cuda, replica i uses GPUs i*tp-size .. (i+1)*tp-size-1).")
+        g.add_argument("--load-balance-method", choices=LOAD_BALANCE_METHODS, default=d.load_balance_method,
+                       help="How --dp-size replicas share requests: round_robin, or shortest_queue (fewest "
+                            "requests in flight).")
         g.add_argument("--attention-backend", choices=ATTENTION_BACKENDS, default=d.attention_backend,
                        help="default: triton on cuda, torch_native on cpu")
         g.add_argument("--cuda-graph-max-bs", type=int, default=d.cuda_graph_max_bs,
@@ -203,6 +212,7 @@ class ServerArgs:
         choice("--attention-backend", self.attention_backend, ATTENTION_BACKENDS, optional=True)
         choice("--grammar-backend", self.grammar_backend, ("xgrammar", "none"))
         choice("--schedule-policy", self.schedule_policy, SCHEDULE_POLICIES)
+        choice("--load-balance-method", self.load_balance_method, LOAD_BALANCE_METHODS)
         choice("--reasoning-parser", self.reasoning_parser, PARSERS, optional=True)
         choice("--tool-call-parser", self.tool_call_parser, PARSERS, optional=True)
 
@@ -217,6 +227,13 @@ class ServerArgs:
             fail("--tp-size", f"must be >= 1, got {self.tp_size}")
         if self.tp_size != 1:
             fail("--tp-size", f"tensor parallelism is not available yet (got {self.tp_size}); use --tp-size 1")
+        if self.dp_size < 1:
+            fail("--dp-size", f"must be >= 1, got {self.dp_size}")
+        if self.dp_size > 1 and self.resolved_device() == "cuda":
+            gpus = self.dp_size * self.tp_size
+            if gpus > torch.cuda.device_count():
+                fail("--dp-size", f"{self.dp_size} replicas x --tp-size {self.tp_size} need {gpus} GPUs; "
+                                  f"torch sees {torch.cuda.device_count()}")
         if self.mem_fraction_static is not None and not 0.0 < self.mem_fraction_static < 1.0:
             fail("--mem-fraction-static", f"must be in (0, 1), got {self.mem_fraction_static}")
         if self.allowed_local_media_path is not None and not os.path.isdir(self.allowed_local_media_path):

@@ -33,7 +33,7 @@ class Backend:
                 p.kill()
 
 
-def _run_scheduler(server_args, model_path: str, addrs: dict, pipe) -> None:
+def _run_scheduler(server_args, model_path: str, recv_addr: str, send_addr: str, gpu_id: int, pipe) -> None:
     die_with_parent()
     configure_logging(server_args.log_level)
     try:
@@ -42,14 +42,41 @@ def _run_scheduler(server_args, model_path: str, addrs: dict, pipe) -> None:
         from sgl_inkling.managers.scheduler import Scheduler
 
         torch.set_grad_enabled(False)
+        if server_args.resolved_device() == "cuda":
+            torch.cuda.set_device(gpu_id)  # "cuda" tensors, graphs and memory sizing then use this GPU
         if server_args.random_seed is not None:
             torch.manual_seed(server_args.random_seed)
-        sched = Scheduler(server_args, model_path, addrs["scheduler"], addrs["detokenizer"])
+        sched = Scheduler(server_args, model_path, recv_addr, send_addr)
     except BaseException as e:  # report load failures to the parent instead of hanging it
         pipe.send({"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()})
         return
     pipe.send(sched.ready_info())
     sched.event_loop()
+
+
+def _run_dp_controller(server_args, recv_addr: str, replica_in: list, replica_out: list, detok: str) -> None:
+    die_with_parent()
+    configure_logging(server_args.log_level)
+    from sgl_inkling.managers.data_parallel_controller import DataParallelController
+
+    n, method = server_args.dp_size, server_args.load_balance_method
+    DataParallelController(n, method, recv_addr, replica_in, replica_out, detok).event_loop()
+
+
+def _start_scheduler_group(ctx, server_args, model_path: str, recv_addr: str, send_addr: str, dp_rank: int):
+    """One replica: the scheduler process(es) that serve requests from recv_addr and send outputs to
+    send_addr. Returns the processes and the pipe the group reports ready (or its load error) on."""
+    reader, writer = ctx.Pipe(duplex=False)
+    gpu_id = dp_rank * server_args.tp_size
+    name = "scheduler" if server_args.dp_size == 1 else f"scheduler-dp{dp_rank}"
+    proc = ctx.Process(
+        target=_run_scheduler,
+        args=(server_args, model_path, recv_addr, send_addr, gpu_id, writer),
+        name=name,
+        daemon=True,
+    )
+    proc.start()
+    return [proc], reader
 
 
 def _run_detokenizer(server_args, addrs: dict) -> None:
@@ -61,25 +88,56 @@ def _run_detokenizer(server_args, addrs: dict) -> None:
 
 
 def start_backend(server_args, model_path: str) -> Backend:
-    """Spawn the children (spawn context: no inherited CUDA or thread state) and wait for ready."""
+    """Spawn the children (spawn context: no inherited CUDA or thread state) and wait for ready.
+
+    With --dp-size N > 1 a data-parallel controller takes the "scheduler" address and N scheduler
+    groups sit behind it; the tokenizer manager and the detokenizer are the same either way.
+    """
     ctx = mp.get_context("spawn")
-    addrs = ipc_addresses(["scheduler", "detokenizer", "tokenizer"])
-    reader, writer = ctx.Pipe(duplex=False)
-    sched = ctx.Process(
-        target=_run_scheduler, args=(server_args, model_path, addrs, writer), name="scheduler", daemon=True
+    n = server_args.dp_size
+    addrs = ipc_addresses(
+        ["scheduler", "detokenizer", "tokenizer"] + [f"dp{i}_{d}" for i in range(n) for d in ("in", "out")]
     )
+    procs: list[mp.Process] = []
+    if n == 1:
+        groups = [(addrs["scheduler"], addrs["detokenizer"])]
+    else:
+        groups = [(addrs[f"dp{i}_in"], addrs[f"dp{i}_out"]) for i in range(n)]
+        ctrl_args = (server_args, addrs["scheduler"], [g[0] for g in groups], [g[1] for g in groups])
+        procs.append(
+            ctx.Process(
+                target=_run_dp_controller,
+                args=(*ctrl_args, addrs["detokenizer"]),
+                name="dp-controller",
+                daemon=True,
+            )
+        )
+        procs[-1].start()
+    readers = []
+    for rank, (recv_addr, send_addr) in enumerate(groups):
+        group, reader = _start_scheduler_group(ctx, server_args, model_path, recv_addr, send_addr, rank)
+        procs += group
+        readers.append((group, reader))
     detok = ctx.Process(target=_run_detokenizer, args=(server_args, addrs), name="detokenizer", daemon=True)
-    sched.start()
     detok.start()
-    backend = Backend(info={}, addrs=addrs, procs=[sched, detok])
+    backend = Backend(info={}, addrs=addrs, procs=procs + [detok])
+    infos = [_wait_ready(backend, group, reader) for group, reader in readers]
+    backend.info = {
+        **infos[0],
+        "dp_size": n,
+    }  # replicas are identical; per-replica state is in internal_states
+    return backend
+
+
+def _wait_ready(backend: Backend, group: list[mp.Process], reader) -> dict:
     while not reader.poll(1.0):
-        if not sched.is_alive():
+        dead = [p for p in group if not p.is_alive()]
+        if dead:
             backend.shutdown()
-            raise RuntimeError(f"the scheduler process exited with code {sched.exitcode} while loading")
+            raise RuntimeError(f"the scheduler process exited with code {dead[0].exitcode} while loading")
     info = reader.recv()
     if "error" in info:
         backend.shutdown()
         logger.error("scheduler failed to start:\n%s", info["traceback"])
         raise RuntimeError(f"the scheduler failed to start: {info['error']}")
-    backend.info = info
-    return backend
+    return info

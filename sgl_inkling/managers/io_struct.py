@@ -35,6 +35,7 @@ class GenerateReqInput:
     grammar: Any = None  # sgl_inkling.constrained.GrammarSpec
     # Set by the chat layer: media already laid into input_ids (sgl_inkling.multimodal.MediaItem).
     mm_items: Any = None
+    data_parallel_rank: int | None = None  # pin to one --dp-size replica (sglang-router --dp-aware)
 
     @property
     def is_batch(self) -> bool:
@@ -67,6 +68,7 @@ class GenerateReqInput:
             audio_data=pick(self.audio_data) if self.is_batch else self.audio_data,
             grammar=self.grammar,
             mm_items=self.mm_items,
+            data_parallel_rank=self.data_parallel_rank,
         )
 
 
@@ -88,6 +90,7 @@ class TokenizedGenerateReq:
     stop_token_ids: list[int] = field(default_factory=list)  # end-of-turn and eos ids unless ignore_eos
     grammar: Any = None  # sgl_inkling.constrained.GrammarSpec: compiled and enforced by the scheduler
     mm_items: list | None = None  # sgl_inkling.multimodal.MediaItem: images and audio, by prompt position
+    data_parallel_rank: int | None = None  # the data-parallel controller's choice unless set
 
 
 @dataclass

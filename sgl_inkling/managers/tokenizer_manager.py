@@ -17,6 +17,7 @@ import zmq.asyncio
 from sgl_inkling.constrained import GrammarError, GrammarSpec, native_grammar
 from sgl_inkling.managers import io_struct as io
 from sgl_inkling.multimodal.processor import media_processor
+from sgl_inkling.managers.data_parallel_controller import check_dp_rank
 from sgl_inkling.sampling.sampling_params import SamplingParams, SamplingParamsError
 
 logger = logging.getLogger(__name__)
@@ -221,6 +222,7 @@ class TokenizerManager:
         if rid in self.rid_to_state:
             raise io.RequestError(f"request id {rid!r} is already in use")
         stop_ids = [] if sp.ignore_eos else list(self.tokenizer.eos_token_ids)
+        dp_rank = check_dp_rank(obj.data_parallel_rank, self.server_args.dp_size)
         tok = io.TokenizedGenerateReq(
             rid=rid,
             input_ids=list(input_ids),
@@ -232,6 +234,7 @@ class TokenizerManager:
             stop_token_ids=stop_ids,
             grammar=grammar,
             mm_items=mm_items or None,
+            data_parallel_rank=dp_rank,
         )
         return tok, obj
 

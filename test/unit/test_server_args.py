@@ -78,7 +78,7 @@ def test_flags_reach_fields(no_cuda):
 # --- argparse-level rejection -------------------------------------------------------------
 
 
-@pytest.mark.parametrize("flag", ["--speculative-algorithm", "--dp-size", "--grammar-backend"])
+@pytest.mark.parametrize("flag", ["--speculative-algorithm", "--enable-dp-attention", "--grammar-backend"])
 def test_unknown_flag_exits_2(flag, capsys):
     code, err = _exit_code_and_stderr([flag, "1"], capsys)
     assert code == 2 and flag in err
