@@ -10,6 +10,7 @@ from __future__ import annotations
 import threading
 import time
 
+import openai
 import pytest
 
 from test.unit.helpers import random_prompt
@@ -52,6 +53,15 @@ def test_pinned_rank_and_abort_reach_the_right_replica(dp2):
     for _ in range(2):
         dp2.generate(text="Hi", sampling_params=GREEDY, data_parallel_rank=1)
     assert [a - b for a, b in zip(_per_replica(dp2, "num_finished_reqs"), before)] == [0, 2]
+    client = openai.OpenAI(base_url=dp2.base_url + "/v1", api_key="none", max_retries=0)
+    messages = [{"role": "user", "content": "Hi"}]
+    client.chat.completions.create(
+        model="inkling-tiny", messages=messages, max_tokens=2, extra_body={"data_parallel_rank": 0}
+    )
+    client.completions.create(
+        model="inkling-tiny", prompt="Hi", max_tokens=2, extra_body={"data_parallel_rank": 0}
+    )
+    assert [a - b for a, b in zip(_per_replica(dp2, "num_finished_reqs"), before)] == [2, 2]
     bad = dp2.post("/generate", {"text": "Hi", "data_parallel_rank": 2})
     assert bad.status_code == 400 and "data_parallel_rank" in bad.json()["message"]
 

@@ -118,6 +118,7 @@ class SamplingFields(_Request):
     regex: str | None = None
     ebnf: str | None = None
     user: str | None = None
+    data_parallel_rank: int | None = None  # SGLang's: pin to one --dp-size replica (sglang-router --dp-aware)
 
 
 # -- /v1/completions -------------------------------------------------------------------------------

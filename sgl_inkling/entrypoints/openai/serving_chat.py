@@ -130,6 +130,7 @@ def _build(tm: TokenizerManager, req: ChatCompletionRequest) -> tuple[_Setup, li
                 top_logprobs_num=req.top_logprobs or 0,
                 return_text_in_logprobs=True,
                 grammar=grammar,
+                data_parallel_rank=req.data_parallel_rank,
             ),
         )
         for i in range(req.n)

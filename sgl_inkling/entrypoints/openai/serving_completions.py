@@ -90,6 +90,7 @@ def _build_choices(tm: TokenizerManager, req: CompletionRequest) -> list[Choice]
                 # Echoed prompts are scored too, which needs logprobs from the first prompt token.
                 logprob_start_len=0 if req.echo and want_logprobs else -1,
                 return_text_in_logprobs=True,
+                data_parallel_rank=req.data_parallel_rank,
             )
             c = make_choice(p * req.n + j, obj)
             if req.echo:
