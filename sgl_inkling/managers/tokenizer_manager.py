@@ -16,8 +16,8 @@ import zmq.asyncio
 
 from sgl_inkling.constrained import GrammarError, GrammarSpec, native_grammar
 from sgl_inkling.managers import io_struct as io
-from sgl_inkling.multimodal.processor import media_processor
 from sgl_inkling.managers.data_parallel_controller import check_dp_rank
+from sgl_inkling.multimodal.processor import media_processor
 from sgl_inkling.sampling.sampling_params import SamplingParams, SamplingParamsError
 
 logger = logging.getLogger(__name__)
