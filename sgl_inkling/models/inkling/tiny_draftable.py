@@ -25,7 +25,7 @@ NAME = "inkling-tiny-draftable"
 _OUTPUT_PROJECTIONS = ("attn.wo_ud.weight", "w2_weight", "w2_md.weight", "shared_w2_weight")
 
 
-def make_draftable(tensors: dict[str, torch.Tensor], hidden: int, scale: float = 0.15, seed: int = 7) -> None:
+def make_draftable(tensors: dict[str, torch.Tensor], hidden: int, scale: float = 0.03, seed: int = 7) -> None:
     gen = torch.Generator().manual_seed(seed)
     for name, t in tensors.items():
         if name.endswith(_OUTPUT_PROJECTIONS):
