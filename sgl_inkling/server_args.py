@@ -68,6 +68,10 @@ class ServerArgs:
     tp_size: int = 1
     dp_size: int = 1  # data-parallel replicas, each its own scheduler group with its own model and pools
     load_balance_method: str = "round_robin"
+    ep_size: int = 1  # routed experts split into this many sets within the TP group
+    nnodes: int = 1
+    node_rank: int = 0
+    dist_init_addr: str | None = None  # host:port of node 0's rendezvous (multi-node)
     attention_backend: str | None = None  # None: triton on cuda, torch_native on cpu
     cuda_graph_max_bs: int = 128
     grammar_backend: str = "xgrammar"
@@ -143,7 +147,14 @@ class ServerArgs:
                        help="Decode steps between streamed chunks.")
 
         g = parser.add_argument_group("parallelism and kernels")
-        g.add_argument("--tp-size", "--tp", "--tensor-parallel-size", dest="tp_size", type=int, default=d.tp_size)
+        g.add_argument("--tp-size", "--tp", "--tensor-parallel-size", dest="tp_size", type=int, default=d.tp_size,
+                       help="tensor-parallel ranks (one scheduler process and GPU each; gloo on cpu)")
+        g.add_argument("--ep-size", "--ep", "--expert-parallel-size", dest="ep_size", type=int, default=d.ep_size,
+                       help="split the routed experts into this many sets over the TP ranks (divides --tp-size)")
+        g.add_argument("--nnodes", type=int, default=d.nnodes, help="nodes the TP group spans")
+        g.add_argument("--node-rank", type=int, default=d.node_rank, help="this node's index; node 0 serves HTTP")
+        g.add_argument("--dist-init-addr", default=d.dist_init_addr,
+                       help="host:port where the ranks meet (required with --nnodes > 1)")
         g.add_argument("--dp-size", "--dp", "--data-parallel-size", dest="dp_size", type=int, default=d.dp_size,
                        help="Data-parallel replicas in this server; a controller dispatches requests to them "
                             "(on cuda, replica i uses GPUs i*tp-size .. (i+1)*tp-size-1).")
@@ -225,8 +236,6 @@ class ServerArgs:
             fail("--port", f"{self.port} is outside 1..65535")
         if self.tp_size < 1:
             fail("--tp-size", f"must be >= 1, got {self.tp_size}")
-        if self.tp_size != 1:
-            fail("--tp-size", f"tensor parallelism is not available yet (got {self.tp_size}); use --tp-size 1")
         if self.dp_size < 1:
             fail("--dp-size", f"must be >= 1, got {self.dp_size}")
         if self.dp_size > 1 and self.resolved_device() == "cuda":
@@ -234,6 +243,7 @@ class ServerArgs:
             if gpus > torch.cuda.device_count():
                 fail("--dp-size", f"{self.dp_size} replicas x --tp-size {self.tp_size} need {gpus} GPUs; "
                                   f"torch sees {torch.cuda.device_count()}")
+        self._check_parallel(fail)
         if self.mem_fraction_static is not None and not 0.0 < self.mem_fraction_static < 1.0:
             fail("--mem-fraction-static", f"must be in (0, 1), got {self.mem_fraction_static}")
         if self.allowed_local_media_path is not None and not os.path.isdir(self.allowed_local_media_path):
@@ -291,6 +301,31 @@ class ServerArgs:
             self.speculative_num_steps = drafts - 1
         if self.speculative_eagle_topk != 1:
             fail("--speculative-eagle-topk", f"only 1 (a chain of drafts) is supported, got {self.speculative_eagle_topk}")
+
+
+    def _check_parallel(self, fail) -> None:
+        # Whether the TP size divides the heads is checked when the model is built (it knows them).
+        if self.ep_size < 1 or self.tp_size % self.ep_size:
+            fail("--ep-size", f"must divide --tp-size {self.tp_size}, got {self.ep_size}")
+        if self.nnodes < 1 or self.tp_size % self.nnodes:
+            fail("--nnodes", f"must divide --tp-size {self.tp_size}, got {self.nnodes}")
+        if not 0 <= self.node_rank < self.nnodes:
+            fail("--node-rank", f"must be in 0..{self.nnodes - 1}, got {self.node_rank}")
+        if self.nnodes > 1 and self.dp_size > 1:
+            fail("--dp-size", "data-parallel replicas within a multi-node launch are not supported; run one "
+                              "launch per replica behind sglang-router")
+        if self.nnodes > 1 and not self.dist_init_addr:
+            fail("--dist-init-addr", "required with --nnodes > 1 (host:port of node 0)")
+        if self.dist_init_addr is not None and not _is_host_port(self.dist_init_addr):
+            fail("--dist-init-addr", f"expected host:port, got {self.dist_init_addr!r}")
+        per_node = self.tp_size // self.nnodes
+        if per_node > 1 and self.resolved_device() == "cuda" and per_node > torch.cuda.device_count():
+            fail("--tp-size", f"{per_node} ranks per node need as many GPUs; {torch.cuda.device_count()} visible")
+
+
+def _is_host_port(addr: str) -> bool:
+    host, _, port = addr.rpartition(":")
+    return bool(host) and port.isdigit() and 1 <= int(port) <= 65535
 
 
 def make_parser() -> argparse.ArgumentParser:

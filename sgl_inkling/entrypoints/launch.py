@@ -7,6 +7,7 @@ import sys
 
 import uvicorn
 
+from sgl_inkling.distributed.launch import serve_ranks_only
 from sgl_inkling.entrypoints.http_server import create_app
 from sgl_inkling.entrypoints.subprocesses import start_backend
 from sgl_inkling.managers.subprocess_utils import configure_logging
@@ -24,6 +25,8 @@ def launch_server(server_args) -> None:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(1)
     logger.info("loading %s from %s", server_args.served_model_name, model_path)
+    if server_args.node_rank > 0:  # multi-node: only node 0 serves HTTP; this one runs TP ranks
+        sys.exit(serve_ranks_only(server_args, str(model_path)))
     try:
         backend = start_backend(server_args, str(model_path))
     except RuntimeError as e:

@@ -7,6 +7,7 @@ import multiprocessing as mp
 import traceback
 from dataclasses import dataclass
 
+from sgl_inkling.distributed.launch import GroupReady, dist_init_method, local_tp_ranks
 from sgl_inkling.managers.subprocess_utils import configure_logging, die_with_parent, ipc_addresses
 
 logger = logging.getLogger(__name__)
@@ -33,20 +34,23 @@ class Backend:
                 p.kill()
 
 
-def _run_scheduler(server_args, model_path: str, recv_addr: str, send_addr: str, gpu_id: int, pipe) -> None:
+def _run_scheduler(
+    server_args, model_path: str, recv_addr: str, send_addr: str, gpu_id: int, pipe, rank: int = 0,
+    init_method: str | None = None,
+) -> None:  # fmt: skip
     die_with_parent()
     configure_logging(server_args.log_level)
     try:
         import torch
 
-        from sgl_inkling.managers.scheduler import Scheduler
+        from sgl_inkling.distributed.launch import build_scheduler
 
         torch.set_grad_enabled(False)
         if server_args.resolved_device() == "cuda":
             torch.cuda.set_device(gpu_id)  # "cuda" tensors, graphs and memory sizing then use this GPU
         if server_args.random_seed is not None:
             torch.manual_seed(server_args.random_seed)
-        sched = Scheduler(server_args, model_path, recv_addr, send_addr)
+        sched = build_scheduler(server_args, model_path, recv_addr, send_addr, rank, init_method, gpu_id)
     except BaseException as e:  # report load failures to the parent instead of hanging it
         pipe.send({"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()})
         return
@@ -65,18 +69,22 @@ def _run_dp_controller(server_args, recv_addr: str, replica_in: list, replica_ou
 
 def _start_scheduler_group(ctx, server_args, model_path: str, recv_addr: str, send_addr: str, dp_rank: int):
     """One replica: the scheduler process(es) that serve requests from recv_addr and send outputs to
-    send_addr. Returns the processes and the pipe the group reports ready (or its load error) on."""
-    reader, writer = ctx.Pipe(duplex=False)
-    gpu_id = dp_rank * server_args.tp_size
-    name = "scheduler" if server_args.dp_size == 1 else f"scheduler-dp{dp_rank}"
-    proc = ctx.Process(
-        target=_run_scheduler,
-        args=(server_args, model_path, recv_addr, send_addr, gpu_id, writer),
-        name=name,
-        daemon=True,
-    )
-    proc.start()
-    return [proc], reader
+    send_addr, one per TP rank on this node. Returns the processes and the pipe the group reports
+    ready (or its load error) on."""
+    method = dist_init_method(server_args) if server_args.tp_size > 1 else None
+    ranks = local_tp_ranks(server_args)
+    procs, readers = [], []
+    for i, rank in enumerate(ranks):
+        reader, writer = ctx.Pipe(duplex=False)
+        gpu_id = dp_rank * len(ranks) + i
+        name = "scheduler" if server_args.dp_size == 1 else f"scheduler-dp{dp_rank}"
+        name += f"-tp{rank}" if server_args.tp_size > 1 else ""
+        args = (server_args, model_path, recv_addr, send_addr, gpu_id, writer, rank, method)
+        procs.append(ctx.Process(target=_run_scheduler, args=args, name=name, daemon=True))
+        readers.append(reader)
+    for p in procs:
+        p.start()
+    return procs, GroupReady(readers)
 
 
 def _run_detokenizer(server_args, addrs: dict) -> None:
@@ -87,11 +95,12 @@ def _run_detokenizer(server_args, addrs: dict) -> None:
     DetokenizerManager(server_args.tokenizer_path, addrs["detokenizer"], addrs["tokenizer"]).event_loop()
 
 
-def start_backend(server_args, model_path: str) -> Backend:
+def start_backend(server_args, model_path: str, serve: bool = True) -> Backend:
     """Spawn the children (spawn context: no inherited CUDA or thread state) and wait for ready.
 
     With --dp-size N > 1 a data-parallel controller takes the "scheduler" address and N scheduler
     groups sit behind it; the tokenizer manager and the detokenizer are the same either way.
+    serve=False (the other nodes of a multi-node launch): only this node's scheduler ranks.
     """
     ctx = mp.get_context("spawn")
     n = server_args.dp_size
@@ -118,9 +127,10 @@ def start_backend(server_args, model_path: str) -> Backend:
         group, reader = _start_scheduler_group(ctx, server_args, model_path, recv_addr, send_addr, rank)
         procs += group
         readers.append((group, reader))
-    detok = ctx.Process(target=_run_detokenizer, args=(server_args, addrs), name="detokenizer", daemon=True)
-    detok.start()
-    backend = Backend(info={}, addrs=addrs, procs=procs + [detok])
+    if serve:
+        procs.append(ctx.Process(target=_run_detokenizer, args=(server_args, addrs), name="detokenizer", daemon=True))
+        procs[-1].start()
+    backend = Backend(info={}, addrs=addrs, procs=procs)
     infos = [_wait_ready(backend, group, reader) for group, reader in readers]
     backend.info = {
         **infos[0],
@@ -134,7 +144,7 @@ def _wait_ready(backend: Backend, group: list[mp.Process], reader) -> dict:
         dead = [p for p in group if not p.is_alive()]
         if dead:
             backend.shutdown()
-            raise RuntimeError(f"the scheduler process exited with code {dead[0].exitcode} while loading")
+            raise RuntimeError(f"the {dead[0].name} process exited with code {dead[0].exitcode} while loading")
     info = reader.recv()
     if "error" in info:
         backend.shutdown()

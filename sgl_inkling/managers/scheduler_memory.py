@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
+from sgl_inkling.distributed.sync import min_over_ranks
 from sgl_inkling.models.inkling.model import InklingForCausalLM
 
 # On the CPU the defaults stay small: tests and demos, not capacity.
@@ -73,9 +74,10 @@ def size_pools(model: InklingForCausalLM, args, context_len: int) -> PoolSizes:
     # Sliding layers keep at most window tokens per running request plus a prefill chunk in flight;
     # the radix cache keeps the window before each checkpoint.
     swa = min(total, running * (window + 1) + chunk + window + ckpts * window)
-    return PoolSizes(
+    sizes = PoolSizes(
         max_running_requests=running,
         max_total_tokens=total,
         max_swa_tokens=max(swa, window + 2),
         num_checkpoints=ckpts,
     )
+    return min_over_ranks(sizes)  # TP ranks must admit the same batches

@@ -105,7 +105,11 @@ def test_bad_choice_exits_2(capsys):
         (["--mem-fraction-static", "0"], "--mem-fraction-static", "(0, 1)"),
         (["--mem-fraction-static", "1.0"], "--mem-fraction-static", "(0, 1)"),
         (["--tp-size", "0"], "--tp-size", ">= 1"),
-        (["--tp", "8"], "--tp-size", "not available yet"),
+        (["--tp", "2", "--ep-size", "3"], "--ep-size", "divide"),
+        (["--tp", "4", "--nnodes", "3"], "--nnodes", "divide"),
+        (["--tp", "2", "--nnodes", "2"], "--dist-init-addr", "required"),
+        (["--tp", "2", "--nnodes", "2", "--node-rank", "2", "--dist-init-addr", "h:1"], "--node-rank", "0..1"),
+        (["--dist-init-addr", "no-port"], "--dist-init-addr", "host:port"),
         (["--dtype", "float16"], "--dtype", "bfloat16"),
         (["--chunked-prefill-size", "0"], "--chunked-prefill-size", "-1"),
         (["--chunked-prefill-size", "-2"], "--chunked-prefill-size", "-1"),
@@ -126,6 +130,13 @@ def test_invalid_values_name_the_flag(argv, flag, words, no_cuda, capsys):
     assert code == 2 and flag in err and words in err
 
 
+def test_parallel_flags_as_sglang(no_cuda):
+    a = parse_server_args(
+        ["--tp", "4", "--ep", "2", "--nnodes", "2", "--node-rank", "1", "--dist-init-addr", "10.0.0.1:5000"]
+    )
+    assert (a.tp_size, a.ep_size, a.nnodes, a.node_rank, a.dist_init_addr) == (4, 2, 2, 1, "10.0.0.1:5000")
+
+
 def test_no_chunking_lifts_prefill_budget_check(no_cuda):
     a = parse_server_args(["--chunked-prefill-size", "-1", "--max-prefill-tokens", "64"])
     assert a.chunked_prefill_size == -1 and a.max_prefill_tokens == 64
@@ -134,8 +145,8 @@ def test_no_chunking_lifts_prefill_budget_check(no_cuda):
 def test_check_raises_for_direct_construction(no_cuda):
     with pytest.raises(ServerArgsError, match="--schedule-policy"):
         ServerArgs(schedule_policy="random").check()
-    with pytest.raises(ServerArgsError, match="--tp-size"):
-        ServerArgs(tp_size=2).check()
+    with pytest.raises(ServerArgsError, match="--ep-size"):
+        ServerArgs(tp_size=2, ep_size=4).check()
     assert isinstance(ServerArgsError("x"), ValueError)
 
 

@@ -1,0 +1,59 @@
+"""`--tp-size 2`: two scheduler processes (gloo) serve the same greedy output as TP 1, with the radix
+cache on, and rank 0 reports holding half of the output-conv state and of the KV heads."""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from sgl_inkling.models.inkling.tiny import TINY_CONFIG
+from test.unit.helpers import random_prompt
+
+from .server import ServerProcess
+
+TEXT = TINY_CONFIG["text_config"]
+SP = {"temperature": 0, "max_new_tokens": 8, "ignore_eos": True}
+
+
+@pytest.fixture(scope="module")
+def tp2(tiny_path):
+    s = ServerProcess("--skip-server-warmup", "--tp-size", "2")
+    yield s
+    s.stop()
+
+
+def gen(server, ids: list[int]) -> dict:
+    return server.generate(input_ids=ids, sampling_params=SP, return_logprob=True)
+
+
+def test_tp2_greedy_matches_tp1_with_prefix_cache(server, tp2):
+    base = random_prompt(70, seed=77)
+    prompts = [base + random_prompt(n, seed=s) for n, s in ((11, 1), (29, 2), (5, 3))]
+    # Sequential first (later prompts hit the cached prefix), then all at once (one batch).
+    for ids in prompts:
+        got, want = gen(tp2, ids), gen(server, ids)
+        assert got["output_ids"] == want["output_ids"]
+        for mine, ref in zip(got["meta_info"]["output_token_logprobs"], want["meta_info"]["output_token_logprobs"]):
+            assert mine[1] == ref[1] and abs(mine[0] - ref[0]) < 1e-3  # (logprob, token id, ...)
+    assert gen(tp2, prompts[-1])["meta_info"]["cached_tokens"] >= 70
+    batch = [random_prompt(20 + 7 * i, seed=100 + i) for i in range(4)]
+    with ThreadPoolExecutor(4) as ex:
+        got = list(ex.map(lambda ids: gen(tp2, ids)["output_ids"], batch))
+    assert got == [gen(server, ids)["output_ids"] for ids in batch]
+    tp2.wait_idle_baseline()
+
+
+def test_tp2_rank_holds_half_of_the_state(tp2):
+    st = tp2.internal_state()
+    assert (st["tp_size"], st["ep_size"]) == (2, 1)
+    h, hd = TEXT["hidden_size"], TEXT["head_dim"]
+    assert st["kv_heads"] == {"full": TEXT["num_key_value_heads"] // 2, "swa": TEXT["swa_num_key_value_heads"] // 2}
+    n_layers = TEXT["num_hidden_layers"] + TINY_CONFIG["mtp_config"]["num_nextn_predict_layers"]
+    assert len(st["sconv_channels"]) == n_layers
+    for layer, (k, v, attn_out, mlp_out) in st["sconv_channels"].items():
+        sliding = int(layer) < TEXT["num_hidden_layers"] and TEXT["layer_types"][int(layer)] == "hybrid_sliding"
+        kv = (TEXT["swa_num_key_value_heads"] if sliding else TEXT["num_key_value_heads"]) // 2 * hd
+        if int(layer) < TEXT["num_hidden_layers"]:
+            assert (k, v) == (kv, kv)
+        assert (attn_out, mlp_out) == (h // 2, h // 2)
