@@ -50,6 +50,10 @@ class CommTimer:
 
 timer: CommTimer | None = None  # set by benchmarks
 
+# torch 2.13 renamed the single-tensor collectives; the GPU machine's 2.11 has only the old names.
+_reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+_all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
 
 def _run(name: str, fn: Callable[[], torch.Tensor]) -> torch.Tensor:
     return fn() if timer is None else timer.run(name, fn)
@@ -65,7 +69,7 @@ def reduce_scatter_hidden(x: torch.Tensor) -> torch.Tensor:
     out = x.new_empty(t, h // p.tp_size)
 
     def rs() -> torch.Tensor:
-        dist.reduce_scatter_tensor(out, chunks.view(p.tp_size * t, -1), group=p.group)
+        _reduce_scatter(out, chunks.view(p.tp_size * t, -1), group=p.group)
         return out
 
     return _run("reduce_scatter", rs)
@@ -80,7 +84,7 @@ def all_gather_hidden(x: torch.Tensor) -> torch.Tensor:
     buf = x.new_empty(p.tp_size * t, hs)
 
     def ag() -> torch.Tensor:
-        dist.all_gather_into_tensor(buf, x.contiguous(), group=p.group)
+        _all_gather(buf, x.contiguous(), group=p.group)
         return buf
 
     gathered = _run("all_gather", ag)
