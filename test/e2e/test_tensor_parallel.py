@@ -1,16 +1,21 @@
 """`--tp-size 2`: two scheduler processes (gloo) serve the same greedy output as TP 1, with the radix
-cache on, and rank 0 reports holding half of the output-conv state and of the KV heads."""
+cache on, and rank 0 reports holding half of the output-conv state and of the KV heads; the same
+over a two-"node" launch on this machine (--nnodes 2)."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+import requests
 
 from sgl_inkling.models.inkling.tiny import TINY_CONFIG
 from test.unit.helpers import random_prompt
 
-from .server import ServerProcess
+from .server import ServerProcess, free_port
 
 TEXT = TINY_CONFIG["text_config"]
 SP = {"temperature": 0, "max_new_tokens": 8, "ignore_eos": True}
@@ -57,3 +62,29 @@ def test_tp2_rank_holds_half_of_the_state(tp2):
         if int(layer) < TEXT["num_hidden_layers"]:
             assert (k, v) == (kv, kv)
         assert (attn_out, mlp_out) == (h // 2, h // 2)
+
+
+def test_two_node_launch_serves_from_node_0_only(server):
+    """--nnodes 2 on one machine: node 1 runs TP rank 1 without HTTP; node 0 serves; the output equals
+    TP 1; when node 0 goes, node 1 exits instead of hanging."""
+    rendezvous = f"127.0.0.1:{free_port()}"
+    node1_port = free_port()
+    flags = ["--tp-size", "2", "--nnodes", "2", "--dist-init-addr", rendezvous, "--skip-server-warmup"]
+    node1 = subprocess.Popen(
+        [sys.executable, "-m", "sglang.launch_server", *flags, "--node-rank", "1", "--port", str(node1_port),
+         "--log-level", "warning"],
+        env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        node0 = ServerProcess(*flags, "--node-rank", "0")
+        try:
+            ids = random_prompt(33, seed=5)
+            assert gen(node0, ids)["output_ids"] == gen(server, ids)["output_ids"]
+            with pytest.raises(requests.ConnectionError):
+                requests.get(f"http://127.0.0.1:{node1_port}/health", timeout=5)
+        finally:
+            node0.stop()
+        assert node1.wait(timeout=60) != 0
+    finally:
+        if node1.poll() is None:
+            node1.kill()
