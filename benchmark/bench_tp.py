@@ -32,6 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "kernels")]
 
 from benchmark.bench_one_batch import Clock, Seqs, git_commit, graph_step_ms  # noqa: E402
+from benchmark.tp_projection import project  # noqa: E402
 from sgl_inkling.distributed import collectives  # noqa: E402
 from sgl_inkling.distributed.launch import dist_init_method  # noqa: E402
 from sgl_inkling.distributed.parallel_state import destroy_distributed, init_distributed  # noqa: E402
@@ -241,6 +242,9 @@ def main(argv: list[str] | None = None) -> dict:
     })  # fmt: skip
     result.setdefault("results", {}).update(new)
     result["greedy_vs_tp1"] = compare(result["results"])
+    if args.config == "slice":  # the 66-layer model at the measured sizes and at 8 GPUs
+        sizes = sorted({int(k[2:]) for k in result["results"]} | {8})
+        result["projection_66_layers"] = [project(slice_config(), n) for n in sizes]
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1))
     for key, res in sorted(result["results"].items()):
