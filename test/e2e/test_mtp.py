@@ -1,0 +1,179 @@
+"""MTP speculative decoding over HTTP: greedy output equals the non-speculative server's, token for
+token, with the radix cache, chunked prefill, grammars, aborts and retraction.
+
+The checkpoint is inkling-tiny-draftable (drafts are right often enough to accept several per step,
+wrong often enough to reject): the reference is the same checkpoint served without MTP.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import jsonschema
+import pytest
+
+from test.unit.helpers import random_prompt
+
+from .server import ServerProcess
+
+
+@pytest.fixture(scope="module")
+def draftable():
+    from sgl_inkling.models.inkling.tiny_draftable import ensure_draftable_checkpoint
+
+    return str(ensure_draftable_checkpoint())
+
+
+def _server(path: str, *flags: str) -> ServerProcess:
+    return ServerProcess("--skip-server-warmup", "--model-path", path, "--chunked-prefill-size", "64", *flags)
+
+
+@pytest.fixture(scope="module")
+def ref(draftable):
+    s = _server(draftable)
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="module")
+def mtp(draftable):
+    s = _server(draftable, "--speculative-algorithm", "MTP")  # all 8 depths, radix cache on
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="module")
+def mtp_small(draftable):
+    # EAGLE is SGLang's name for the same thing; 3 depths; no prefix cache; 500 KV tokens force retraction.
+    s = _server(
+        draftable, "--speculative-algorithm", "EAGLE", "--speculative-num-steps", "3",
+        "--disable-radix-cache", "--max-total-tokens", "500",
+    )  # fmt: skip
+    yield s
+    s.stop()
+
+
+def bodies(n: int, new_tokens: int = 40) -> list[dict]:
+    # Prompt lengths cross the 64-token chunk and the 16-token window.
+    return [
+        {
+            "input_ids": random_prompt(3 + (29 * i) % 150, seed=500 + i),
+            "sampling_params": {"temperature": 0, "max_new_tokens": new_tokens, "ignore_eos": True},
+        }
+        for i in range(n)
+    ]
+
+
+def run(server, reqs: list[dict]) -> list[dict]:
+    with ThreadPoolExecutor(len(reqs)) as pool:
+        return list(pool.map(lambda b: server.generate(**b), reqs))
+
+
+def test_greedy_equals_non_speculative_batched(ref, mtp):
+    reqs = bodies(12)
+    want = [r["output_ids"] for r in run(ref, reqs)]
+    got = run(mtp, reqs)
+    assert [r["output_ids"] for r in got] == want
+    metas = [r["meta_info"] for r in got]
+    steps = sum(m["spec_verify_ct"] for m in metas)
+    accepted = sum(m["spec_accepted_drafts"] for m in metas)
+    assert accepted > 0 and accepted < 8 * steps, "the workload must both accept and reject drafts"
+    assert all(m["completion_tokens"] == 40 for m in metas)
+    # The prefill emits the first token; each verify step its accepted drafts plus one (the last step
+    # may be cut by the length).
+    assert all(1 + m["spec_verify_ct"] + m["spec_accepted_drafts"] >= 40 for m in metas)
+    info = mtp.internal_state()
+    assert info["speculative_num_steps"] == 8
+    assert info["avg_spec_accept_length"] > 1.5
+    mtp.wait_idle_baseline()
+
+
+def test_greedy_batch_1_and_prefix_cache_continuations(ref, mtp):
+    """A multi-turn continuation resumes every depth from the cached prefix (checkpoint + carry)."""
+    first = bodies(1, 30)[0]
+    a = mtp.generate(**first)
+    assert a["output_ids"] == ref.generate(**first)["output_ids"]
+    turn2 = {
+        "input_ids": first["input_ids"] + a["output_ids"] + random_prompt(20, seed=77),
+        "sampling_params": {"temperature": 0, "max_new_tokens": 30, "ignore_eos": True},
+    }
+    b = mtp.generate(**turn2)
+    assert b["meta_info"]["cached_tokens"] >= len(first["input_ids"]) + 29
+    assert b["output_ids"] == ref.generate(**turn2)["output_ids"]
+    # Two requests that share a long prefix and then diverge.
+    shared = random_prompt(90, seed=78)
+    forks = [
+        {"input_ids": shared + random_prompt(7, seed=80 + i),
+         "sampling_params": {"temperature": 0, "max_new_tokens": 25, "ignore_eos": True}}
+        for i in range(3)
+    ]  # fmt: skip
+    want = [ref.generate(**f)["output_ids"] for f in forks]
+    got = [mtp.generate(**f) for f in forks]
+    assert [g["output_ids"] for g in got] == want
+    assert got[2]["meta_info"]["cached_tokens"] >= 64
+    mtp.wait_idle_baseline()
+
+
+def test_retraction_and_no_radix_cache(ref, mtp_small):
+    reqs = bodies(10, 45)
+    want = [r["output_ids"] for r in run(ref, reqs)]
+    assert [r["output_ids"] for r in run(mtp_small, reqs)] == want
+    st = mtp_small.wait_idle_baseline()
+    assert st["num_retracted_reqs"] > 0, "500 KV tokens were meant to force retraction"
+    assert st["speculative_num_steps"] == 3
+
+
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "nm": {"type": "string", "maxLength": 5},
+        "id": {"type": "integer", "minimum": 0, "maximum": 999},
+        "st": {"enum": ["on", "off"]},
+    },
+    "required": ["nm", "id", "st"],
+    "additionalProperties": False,
+}
+
+
+def test_json_schema_drafts_are_masked(ref, mtp):
+    reqs = [
+        {"input_ids": random_prompt(10 + 9 * i, seed=900 + i),
+         "sampling_params": {"temperature": 0, "max_new_tokens": 150, "json_schema": json.dumps(SCHEMA)}}
+        for i in range(4)
+    ]  # fmt: skip
+    want = run(ref, reqs)
+    got = run(mtp, reqs)
+    assert [g["output_ids"] for g in got] == [w["output_ids"] for w in want]
+    for g in got:
+        assert g["meta_info"]["finish_reason"]["type"] == "stop"
+        jsonschema.validate(json.loads(g["text"]), SCHEMA)
+    mtp.wait_idle_baseline()
+
+
+def test_abort_mid_stream_returns_every_slot(mtp):
+    body = {
+        "input_ids": random_prompt(40, seed=5),
+        "sampling_params": {"temperature": 0, "max_new_tokens": 2000, "ignore_eos": True},
+        "stream": True,
+        "rid": "mtp-abort-me",
+    }
+    seen = []
+
+    def consume():
+        with mtp.post("/generate", body, stream=True) as r:
+            for line in r.iter_lines():
+                if line:
+                    seen.append(line)
+
+    t = threading.Thread(target=consume)
+    t.start()
+    deadline = time.time() + 60
+    while len(seen) < 3 and time.time() < deadline:
+        time.sleep(0.05)
+    assert mtp.post("/abort_request", {"rid": "mtp-abort-me"}).status_code == 200
+    t.join(60)
+    assert not t.is_alive()
+    mtp.wait_idle_baseline()
