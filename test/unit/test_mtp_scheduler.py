@@ -1,0 +1,135 @@
+"""MTP inside the scheduler, in-process: rollback leaves exactly the state of the accepted tokens,
+and rejection sampling leaves the output distribution unchanged.
+
+Both run on inkling-tiny-draftable, where depths draft well enough that steps accept several
+drafts and reject others.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+from scipy.stats import chisquare
+
+from sgl_inkling.managers.io_struct import TokenizedGenerateReq
+from sgl_inkling.managers.scheduler import Scheduler
+from sgl_inkling.model_executor.model_runner import ModelRunner
+from sgl_inkling.model_executor.seq_runner import SeqRunner
+from sgl_inkling.sampling.sampler import sampling_distribution
+from sgl_inkling.sampling.sampling_batch_info import SamplingBatchInfo
+from sgl_inkling.sampling.sampling_params import SamplingParams
+from sgl_inkling.server_args import ServerArgs
+
+from .helpers import random_prompt
+
+
+@pytest.fixture(scope="module")
+def sched(tmp_path_factory):
+    from sgl_inkling.models.inkling.tiny_draftable import ensure_draftable_checkpoint
+
+    path = str(ensure_draftable_checkpoint())
+    args = ServerArgs(model_path=path, device="cpu", speculative_algorithm="MTP", disable_radix_cache=True)
+    args.check()
+    d = tmp_path_factory.mktemp("zmq")
+    s = Scheduler(args, path, f"ipc://{d}/in", f"ipc://{d}/out")
+    yield s
+    s.recv_sock.close(0)
+    s.send_sock.close(0)
+
+
+def submit(s: Scheduler, rid: str, ids: list[int], **params):
+    sp = SamplingParams.from_dict({"ignore_eos": True, **params})
+    s.handle(TokenizedGenerateReq(rid=rid, input_ids=list(ids), sampling_params=sp))
+    return s.waiting[-1]
+
+
+def step(s: Scheduler) -> None:
+    s.step()
+    s.outbox.clear()  # nobody reads the output socket here
+
+
+def test_state_after_rejections_equals_fresh_prefill(sched):
+    s = sched
+    a = submit(s, "a", random_prompt(37, seed=11), temperature=0.8, top_k=4, max_new_tokens=400)
+    while len(a.output_ids) < 70:
+        step(s)
+    k = s.spec.num_steps
+    rejected = k * a.spec_verify_ct - a.spec_accepted_drafts
+    assert a.spec_accepted_drafts >= 10 and rejected >= 10, (a.spec_accepted_drafts, rejected)
+    q = a.kv_len
+    b = submit(s, "b", a.fill_ids[:q], temperature=0, max_new_tokens=4)
+    assert s.run_prefill()  # only b's prefill (and its first drafts): a does not move
+    assert b.kv_len == q and a.kv_len == q
+
+    runner = s.runner
+    for layer, (sa, sb) in ((lay, (t[a.row], u[b.row])) for lay, ts in runner.sconv_pool.states.items()
+                            for t, u in zip(ts, ts)):  # fmt: skip
+        assert torch.equal(sa, sb), f"short-conv / carried state of layer {layer} differs"
+
+    cfg = runner.model.cfg
+    window = cfg.sliding_window_size
+    for attn in runner.model.attention_layers():
+        spec = attn.spec
+        depth = spec.layer_id - cfg.num_hidden_layers  # < 0 for trunk layers
+        first = max(0, depth + 1)  # depth d keeps no KV for tokens 0..d
+        if spec.sliding:
+            first = max(first, q - window + 1)
+        kind, pool = ("swa", runner.swa_pool) if spec.sliding else ("full", runner.full_pool)
+        sa = runner.req_to_token.read(kind, a.row, first, q)
+        sb = runner.req_to_token.read(kind, b.row, first, q)
+        kb, vb = pool.buffers(spec.layer_id)
+        assert torch.equal(kb[sa], kb[sb]) and torch.equal(vb[sa], vb[sb]), f"KV of layer {spec.layer_id}"
+    s.abort("")
+    assert s.kv.full.available == s.kv.full.num_slots and s.kv.swa.available == s.kv.swa.num_slots
+
+
+def test_rejection_sampling_keeps_the_distribution(sched):
+    """Three tokens at T=1 with top-k 3: the empirical distribution of the 27 sequences against the
+    exact one computed from the trunk alone (13 forwards). The first token comes from the prefill,
+    the next two from verify steps, where drafts are accepted or replaced."""
+    s = sched
+    prompt = random_prompt(12, seed=21)
+    params = {"temperature": 1.0, "top_k": 3, "max_new_tokens": 3}
+
+    ref = SeqRunner(ModelRunner(s.runner.model, 4, 64, 512))
+    sp = SamplingParams.from_dict(params)
+    info = SamplingBatchInfo.from_params([sp], s.vocab, "cpu")
+
+    def dist(prefix: list[int]) -> torch.Tensor:
+        seq = ref.new_seq()
+        logits = ref.step([seq], [prefix]).logits[-1:].float()
+        ref.free(seq)
+        return sampling_distribution(logits, info)[0]
+
+    exact: dict[tuple[int, ...], float] = {}
+    p1 = dist(prompt)
+    for t1 in p1.nonzero().flatten().tolist():
+        p2 = dist(prompt + [t1])
+        for t2 in p2.nonzero().flatten().tolist():
+            p3 = dist(prompt + [t1, t2])
+            for t3 in p3.nonzero().flatten().tolist():
+                exact[(t1, t2, t3)] = float(p1[t1] * p2[t2] * p3[t3])
+    assert len(exact) == 27 and abs(sum(exact.values()) - 1) < 1e-5
+
+    n = 600
+    reqs = [submit(s, f"chi{i}", prompt, **params) for i in range(n)]
+    accepted_before = sum(r.spec_accepted_drafts for r in reqs)
+    while any(not r.finished for r in reqs):
+        step(s)
+    accepted = sum(r.spec_accepted_drafts for r in reqs) - accepted_before
+    assert accepted > n // 4, "drafts should be accepted often enough to matter"
+    counts = {key: 0 for key in exact}
+    for r in reqs:
+        counts[tuple(r.output_ids)] += 1  # a key outside `exact` would be a token top-k forbids
+    # Pool the rare sequences so every expected count is at least 5 (chi-square's validity).
+    common = [key for key in exact if exact[key] * n >= 5]
+    obs = [counts[key] for key in common] + [n - sum(counts[key] for key in common)]
+    exp = [exact[key] * n for key in common] + [n * (1 - sum(exact[key] for key in common))]
+    if exp[-1] < 5:
+        obs[-2] += obs.pop()
+        exp[-2] += exp.pop()
+    assert chisquare(obs, exp).pvalue > 1e-3, list(zip(obs, exp))
+    assert list(itertools.chain(*(r.output_ids for r in reqs)))  # nothing empty
+    s.abort("")
