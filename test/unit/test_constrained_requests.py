@@ -132,7 +132,10 @@ class _StubTM:
     reasoning_parser = tool_call_parser = "inkling"
 
     def __init__(self, tokenizer):
+        from sgl_inkling.multimodal.processor import media_processor
+
         self.tokenizer = tokenizer
+        self.media = media_processor(None, {})  # text-only: no media in these requests
 
 
 def test_chat_build_attaches_the_grammar(tok):
