@@ -147,7 +147,7 @@ class Seqs:
         self.lens = [0] * bsz
         self.slots: list[tuple[torch.Tensor, torch.Tensor]] = []
 
-    def batch(self, tokens: list[list[int]]) -> ForwardBatch:
+    def batch(self, tokens: list[list[int]], logits_counts: list[int] | None = None) -> ForwardBatch:
         r = self.runner
         full_all, swa_all = [], []
         for i, (row, toks) in enumerate(zip(self.rows, tokens)):
@@ -160,9 +160,20 @@ class Seqs:
             swa_all.append(swa)
         mode = ForwardMode.DECODE if all(len(t) == 1 for t in tokens) else ForwardMode.EXTEND
         batch = ForwardBatch.build(mode, tokens, self.rows, list(self.lens), torch.cat(full_all).tolist(),
-                                   torch.cat(swa_all).tolist(), r.device)  # fmt: skip
+                                   torch.cat(swa_all).tolist(), r.device, logits_counts=logits_counts)  # fmt: skip
         self.lens = [n + len(t) for n, t in zip(self.lens, tokens)]
         return batch
+
+    def extra_slots(self, starts: list[int], have: int, need: int) -> None:
+        """Slots for positions [start + have, start + need) of every sequence (MTP drafts)."""
+        r = self.runner
+        if need <= have:
+            return
+        for row, start in zip(self.rows, starts):
+            full, swa = r.full_pool.allocator.alloc(need - have), r.swa_pool.allocator.alloc(need - have)
+            r.req_to_token.write("full", row, start + have, full)
+            r.req_to_token.write("swa", row, start + have, swa)
+            self.slots.append((full, swa))
 
     def free(self) -> None:
         r = self.runner
@@ -173,8 +184,37 @@ class Seqs:
             r.req_to_token.free(row)
 
 
-def graph_step_ms(runner: ModelRunner, seqs: Seqs, rand_tokens, steps: int) -> list[float]:
-    """Decode steps replayed from one CUDA graph: the captured batch's tensors are refilled per step."""
+def graph_layers_ms(runner: ModelRunner, static: ForwardBatch, steps: int) -> float:
+    """The trunk layers alone (no embedding, no LM head) replayed from a CUDA graph: per-layer
+    efficiency with launch gaps removed, comparable with the per-layer floors."""
+    llm = runner.model.model.llm
+    h0 = torch.randn(static.input_ids.shape[0], runner.model.cfg.hidden_size, device=runner.device,
+                     dtype=runner.dtype)  # fmt: skip
+
+    def layers():
+        h = h0
+        for layer in llm.layers:
+            h = layer(h, static)
+        return h
+
+    layers()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        layers()
+    times = []
+    for _ in range(steps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        graph.replay()
+        b.record()
+        torch.cuda.synchronize()
+        times.append(a.elapsed_time(b))
+    return statistics.median(times)
+
+
+def graph_step_ms(runner: ModelRunner, seqs: Seqs, rand_tokens, steps: int) -> tuple[list[float], float]:
+    """Decode steps replayed from one CUDA graph: the captured batch's tensors are refilled per step.
+    Also returns the layers-only graph time (graph_layers_ms) on the last batch."""
     static = seqs.batch(rand_tokens(1))
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
@@ -196,7 +236,7 @@ def graph_step_ms(runner: ModelRunner, seqs: Seqs, rand_tokens, steps: int) -> l
         b.record()
         torch.cuda.synchronize()
         times.append(a.elapsed_time(b))
-    return times
+    return times, graph_layers_ms(runner, static, steps)
 
 
 def run_batch(model, cfg, bsz: int, args, gen: torch.Generator, mode: str) -> dict:
@@ -254,10 +294,11 @@ def _run_batch(model, cfg, bsz: int, args, gen: torch.Generator, mode: str) -> d
             floors[i].append(layer_floor_bytes(layer, cfg, seqs.lens, probe.routed_ids(model, i)))
     probe.reset()
     probe.remove()
-    graph_ms, graph_error = None, None
+    graph_ms, graph_error, layers_graph_ms = None, None, None
     if args.cuda_graph and mode == "kernels" and clock.cuda:
         try:
-            graph_ms = statistics.median(graph_step_ms(runner, seqs, rand_tokens, args.decode_steps))
+            times, layers_graph_ms = graph_step_ms(runner, seqs, rand_tokens, args.decode_steps)
+            graph_ms = statistics.median(times)
         except Exception as e:  # report, keep the eager figures
             graph_error = f"{type(e).__name__}: {e}"[:500]
     seqs.free()
@@ -301,6 +342,11 @@ def _run_batch(model, cfg, bsz: int, args, gen: torch.Generator, mode: str) -> d
         "cuda_graph_step_ms": graph_ms,
         "cuda_graph_achieved_fraction": step_floor / graph_ms if graph_ms else None,
         "cuda_graph_error": graph_error,
+        # Trunk layers alone from a CUDA graph, per layer, against the mean per-layer floor.
+        "cuda_graph_layers_ms_per_layer": layers_graph_ms / n_layers if layers_graph_ms else None,
+        "cuda_graph_layers_achieved_fraction": (
+            sum(x["floor_ms"] for x in layers) / layers_graph_ms if layers_graph_ms else None
+        ),
         "extrapolated_66_layers": {
             "step_ms": step66,
             "tok_per_s_per_user": 1e3 / step66,
@@ -342,6 +388,26 @@ def print_table(runs: list[dict]) -> None:
             print(f"        cuda graph failed: {r['cuda_graph_error']}")
 
 
+def print_mtp_table(mtp: list[dict], runs: list[dict]) -> None:
+    """MTP per batch size and forced acceptance length; speed-up against plain decode at 66 layers."""
+    print(f"{'bs':>3} {'accept':>6} {'verify ms':>9} {'(floor %)':>9} {'chain ms':>8} {'(floor %)':>9} "
+          f"{'tok/s/user@66':>13} {'x plain':>7}  verify graph ms")  # fmt: skip
+    for m in mtp:
+        plain = [r for r in runs if r["batch_size"] == m["batch_size"]]
+        base = None
+        if plain:
+            e = plain[-1]["extrapolated_66_layers"]
+            base = e["cuda_graph_tok_per_s_per_user"] or e["tok_per_s_per_user"]
+        g = m["verify_cuda_graph"] or {}
+        for r in m["runs"]:
+            e = r["extrapolated_66_layers"]
+            ratio = e["tok_per_s_per_user"] / base if base else float("nan")
+            print(f"{m['batch_size']:>3} {r['forced_accept_length']:>6.1f} {r['verify_ms']:>9.3f} "
+                  f"{100 * r['verify_floor_ms'] / r['verify_ms']:>8.0f}% {r['draft_chain_ms']:>8.3f} "
+                  f"{100 * r['draft_chain_achieved_fraction']:>8.0f}% {e['tok_per_s_per_user']:>13.1f} "
+                  f"{ratio:>7.2f}  {g.get('ms') or g.get('error') or '-'}")  # fmt: skip
+
+
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--config", choices=("slice", "tiny"), default="slice")
@@ -358,6 +424,11 @@ def main(argv: list[str] | None = None) -> dict:
                    "Triton kernels (default on CUDA: both)")
     p.add_argument("--cuda-graph", action="store_true", help="also time decode replayed from a CUDA graph "
                    "(kernels mode only: the eager MoE syncs with the host)")
+    p.add_argument("--mtp", action="store_true", help="also time MTP: the verify step and the draft chain "
+                   "at forced acceptance lengths (benchmark-only switch)")
+    p.add_argument("--mtp-steps", type=int, default=8)
+    p.add_argument("--mtp-accept", type=float, nargs="+", default=[1.0, 2.5, 4.5, 9.0],
+                   help="forced tokens per verify step (accepted drafts + 1)")
     p.add_argument("--load-format", choices=("dummy",), default="dummy")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--result-file", type=Path, default=None)
@@ -378,6 +449,13 @@ def main(argv: list[str] | None = None) -> dict:
     gen = torch.Generator().manual_seed(args.seed)
     modes = args.fast_path or (["eager", "kernels"] if cuda else ["eager"])
     runs = [run_batch(model, config.text, bsz, args, gen, m) for bsz in args.batch_size for m in modes]
+    mtp = None
+    if args.mtp:
+        from benchmark import mtp_timing
+
+        with fast_path() if cuda else contextlib.nullcontext():
+            mtp = [mtp_timing.run_mtp(model, config.text, bsz, args, gen, sys.modules[__name__])
+                   for bsz in args.batch_size]  # fmt: skip
 
     try:
         import triton
@@ -405,6 +483,7 @@ def main(argv: list[str] | None = None) -> dict:
         "decode_steps": args.decode_steps,
         "warmup_steps": args.warmup_steps,
         "runs": runs,
+        "mtp": mtp,
     }
     out = args.result_file or ROOT / "benchmark" / "results" / (
         f"bench_one_batch_{name}_{args.device.replace(':', '')}_{result['timestamp'].replace(':', '')}.json"
@@ -412,6 +491,8 @@ def main(argv: list[str] | None = None) -> dict:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2))
     print_table(runs)
+    if mtp:
+        print_mtp_table(mtp, runs)
     print(f"wrote {out}")
     return result
 

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Issue 7's figures on one H200 in one call from the project root (at most 9 minutes):
 #   1. bench_one_batch on inkling-slice (dummy weights) at batch 1 and 64, eager and kernels + CUDA graph,
+#      and MTP (verify step, draft chain, forced acceptance lengths 1/2.5/4.5/9),
 #   2. bench_peer: the transformers port on the same config, batch 1 and the largest of 64/32/... that fits,
 #   3. test/gpu/test_sampler_sync.py (sampling never waits for the device),
 #   4. bench_serving against a launched inkling-slice dummy server at concurrency 1, 8, 64, 256 with
@@ -48,7 +49,7 @@ stage() {
 
 # One process per batch size: an out-of-memory at batch 64 must not lose the batch-1 figures.
 for bs in 1 64; do
-  stage "bench_one_batch_bs$bs" 80 "$PY" benchmark/bench_one_batch.py --config slice --batch-size "$bs" \
+  stage "bench_one_batch_bs$bs" 100 "$PY" benchmark/bench_one_batch.py --config slice --batch-size "$bs" --mtp \
     --input-len 1024 --decode-steps 10 --prefill-repeats 1 --fast-path eager kernels --cuda-graph \
     --result-file "$OUT/bench_one_batch_inkling-slice_bs$bs.json"
 done

@@ -1,0 +1,170 @@
+"""MTP timing for bench_one_batch: the verify step and the draft chain against their floors, and
+tokens per second per user at forced acceptance lengths.
+
+Forced acceptance is a benchmark-only switch (MTPWorker.forced_accept): with dummy weights the
+depths' drafts are never right, so the accepted count is imposed to see what each length would
+give. Each step: the trunk verifies K + 1 tokens per sequence (one extend), the forced number is
+committed (the trunk's conv state restored from the captured windows, as serving does), then the
+depths consume the committed tokens plus the pending one and draft (DepthChain, as serving does).
+"""
+
+from __future__ import annotations
+
+import statistics
+
+import torch
+
+from sgl_inkling.model_executor.model_runner import ModelRunner
+from sgl_inkling.models.inkling.config import SLIDING
+from sgl_inkling.models.inkling.slice_config import NUM_FULL_MODEL_LAYERS, NUM_FULL_MODEL_SLIDING
+from sgl_inkling.speculative.levels import LevelSeq
+from sgl_inkling.speculative.mtp_worker import MTPWorker
+
+
+def chain_floor_bytes(model, cfg, bsz: int, seq_len: int, num_steps: int, nbytes) -> int:
+    """Each depth reads its decoder layer, the shared final norm and LM head (one draft row per
+    sequence), and its KV; the chain runs num_steps depths."""
+    llm = model.model.llm
+    total = 0
+    for d in range(num_steps):
+        layer = model.model.mtp.layers[d]
+        spec = layer.transformer_block.attn.spec
+        visible = min(seq_len, spec.window) if spec.window else seq_len
+        kv = bsz * visible * 2 * spec.num_kv_heads * spec.head_dim * layer.input_proj.weight.element_size()
+        total += nbytes(layer) + nbytes(llm.unembed) + nbytes(llm.norm) + kv
+    return total
+
+
+def run_mtp(model, cfg, bsz: int, args, gen, h) -> dict:
+    """h: bench_one_batch's helpers (Clock, Probe, Seqs, layer_floor_bytes, nbytes, to_ms)."""
+    k = args.mtp_steps
+    clock = h.Clock(model.model.llm.embed.weight.device)
+    steps_total = args.warmup_steps + args.decode_steps
+    ctx = args.input_len + len(args.mtp_accept) * steps_total * (2 * k + 2) + 16
+    runner = ModelRunner(model, bsz, ctx, bsz * ctx, attention_backend=args.attention_backend)
+    worker = MTPWorker(runner, k)
+    seqs = h.Seqs(runner, bsz)
+
+    def rand(n: int) -> list[list[int]]:
+        return torch.randint(0, cfg.unpadded_vocab_size, (bsz, n), generator=gen).tolist()
+
+    runner.forward(seqs.batch(rand(args.input_len)))
+    probe = h.Probe(model, clock)
+    probe.keep_inputs = True
+    n_layers = len(model.model.llm.layers)
+    out_runs = []
+    for accept in args.mtp_accept:
+        worker.forced_accept, worker._forced_credit = accept, 0.0
+        verify_ms, chain_ms, head_ms, emitted = [], [], [], []
+        layer_ms: list[list[float]] = [[] for _ in range(n_layers)]
+        floors: list[list[int]] = [[] for _ in range(n_layers)]
+        chain_floor = []
+        for step in range(steps_total):
+            starts = list(seqs.lens)
+            vb = seqs.batch(rand(k + 1), logits_counts=[k + 1] * bsz)
+            vb.sconv_capture = worker.trunk_capture
+            probe.reset()
+            a = clock.mark()
+            out = runner.forward(vb)
+            b = clock.mark()
+            n = worker.forced_counts(bsz)[0] + 1
+            for i, row in enumerate(seqs.rows):
+                worker.restore_trunk(row, n)
+                seqs.lens[i] = starts[i] + n
+            # Slots for the tokens the depths consume past the verified ones (pending + drafts).
+            seqs.extra_slots(starts, k + 1, n + k)
+            lseqs = [
+                LevelSeq(row, starts[i], rand(1)[0] * (n + 1), starts[i] + n,
+                         out.hidden[i * (k + 1) : i * (k + 1) + n], want_drafts=True)
+                for i, row in enumerate(seqs.rows)
+            ]  # fmt: skip
+            c = clock.mark()
+            worker.chain.run(lseqs, pick_drafts=lambda d, idx, logits: logits.argmax(-1).tolist())
+            e = clock.mark()
+            clock.sync()
+            if step < args.warmup_steps:
+                continue
+            marks = {(i, kind): m for i, kind, m in probe.marks}
+            verify_ms.append(clock.ms(a, b))
+            chain_ms.append(clock.ms(c, e))
+            head_ms.append(clock.ms(marks[(n_layers - 1, "end")], b))
+            emitted.append(n)
+            for i, layer in enumerate(model.model.llm.layers):
+                layer_ms[i].append(clock.ms(marks[(i, "start")], marks[(i, "end")]))
+                floors[i].append(h.layer_floor_bytes(layer, cfg, [x + k + 1 for x in starts], probe.routed_ids(model, i)))
+            chain_floor.append(chain_floor_bytes(model, cfg, bsz, max(seqs.lens), k, h.nbytes))
+        layers = []
+        for i in range(n_layers):
+            med, floor = statistics.median(layer_ms[i]), h.to_ms(int(statistics.median(floors[i])))
+            kind = "sliding" if cfg.layer_types[i] == SLIDING else "full"
+            layers.append({"layer": i, "kind": kind, "ms": med, "floor_ms": floor, "achieved_fraction": floor / med})
+
+        by_kind = {kind: [x for x in layers if x["kind"] == kind] or layers for kind in ("sliding", "full")}
+
+        def mean(key: str, kind: str, by_kind=by_kind) -> float:
+            return statistics.fmean(x[key] for x in by_kind[kind])
+
+        llm = model.model.llm
+        head_floor = h.to_ms(h.nbytes(llm.unembed) + h.nbytes(llm.norm) + bsz * (k + 1) * cfg.vocab_size * 4)
+        verify, chain, head = statistics.median(verify_ms), statistics.median(chain_ms), statistics.median(head_ms)
+        n_full = NUM_FULL_MODEL_LAYERS - NUM_FULL_MODEL_SLIDING
+        verify66 = NUM_FULL_MODEL_SLIDING * mean("ms", "sliding") + n_full * mean("ms", "full") + head
+        floor66 = NUM_FULL_MODEL_SLIDING * mean("floor_ms", "sliding") + n_full * mean("floor_ms", "full") + head_floor
+        tokens = statistics.fmean(emitted)
+        chain_floor_ms = h.to_ms(int(statistics.median(chain_floor)))
+        out_runs.append({
+            "forced_accept_length": accept,
+            "benchmark_only_forced_acceptance": True,
+            "tokens_per_step": tokens,
+            "verify_ms": verify,
+            "verify_floor_ms": sum(x["floor_ms"] for x in layers) + head_floor,
+            "verify_lm_head_ms": head,
+            "verify_layers": layers,
+            "draft_chain_ms": chain,
+            "draft_chain_floor_ms": chain_floor_ms,
+            "draft_chain_achieved_fraction": chain_floor_ms / chain,
+            "step_ms": verify + chain,
+            "extrapolated_66_layers": {
+                "verify_ms": verify66,
+                "verify_floor_ms": floor66,
+                "step_ms": verify66 + chain,
+                "tok_per_s_per_user": tokens * 1e3 / (verify66 + chain),
+                "floor_tok_per_s_per_user": tokens * 1e3 / (floor66 + chain_floor_ms),
+            },
+        })  # fmt: skip
+    probe.remove()
+    verify_graph = verify_graph_ms(runner, worker, seqs, rand, k, args.decode_steps) if clock.cuda else None
+    return {"batch_size": bsz, "num_steps": k, "verify_cuda_graph": verify_graph, "runs": out_runs}
+
+
+def verify_graph_ms(runner, worker, seqs, rand, k: int, steps: int) -> dict:
+    """The verify forward (K + 1 tokens per sequence, conv windows captured) replayed from a CUDA
+    graph; returns the median or the capture error."""
+    names = ("input_ids", "positions", "req_pool_indices", "prefix_lens", "extend_lens", "out_loc",
+             "out_loc_swa", "logits_indices")  # fmt: skip
+    try:
+        bsz = len(seqs.rows)
+        static = seqs.batch(rand(k + 1), logits_counts=[k + 1] * bsz)
+        static.sconv_capture = worker.trunk_capture
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            runner.forward(static)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            runner.forward_eager(static)
+        times = []
+        for _ in range(steps):
+            fresh = seqs.batch(rand(k + 1), logits_counts=[k + 1] * bsz)
+            for name in names:
+                getattr(static, name).copy_(getattr(fresh, name))
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            graph.replay()
+            b.record()
+            torch.cuda.synchronize()
+            times.append(a.elapsed_time(b))
+        return {"ms": statistics.median(times), "error": None}
+    except Exception as e:  # report it; the eager figures stand
+        return {"ms": None, "error": f"{type(e).__name__}: {e}"[:500]}
