@@ -37,16 +37,32 @@ def _prompts(n: int) -> list[list[int]]:
     return [torch.randint(0, 199_990, (8 + (37 * i) % 200,), generator=g).tolist() for i in range(n)]
 
 
-def _run(path: str, prompts, params, **server):
+def _run(path: str, jobs: dict, **server) -> tuple[dict, dict]:
+    """One engine launch runs every job (name -> (prompts, sampling params))."""
     import sglang as sgl
 
     eng = sgl.Engine(model_path=path, random_seed=0, **server)
     try:
-        outs = eng.generate(input_ids=prompts, sampling_params=params, return_logprob=True, top_logprobs_num=2)
+        outs = {
+            name: eng.generate(input_ids=prompts, sampling_params=params, return_logprob=True, top_logprobs_num=2)
+            for name, (prompts, params) in jobs.items()
+        }
         info = eng.get_server_info()["internal_states"][0]
     finally:
         eng.shutdown()
     return outs, info
+
+
+def _check_model(label: str, path: str, jobs: dict, exact: bool, **server) -> None:
+    ref, _ = _run(path, jobs, **server)
+    for radix in (True, False):
+        got, info = _run(path, jobs, speculative_algorithm="MTP", disable_radix_cache=not radix, **server)
+        for name in jobs:
+            case = f"{label}/{name}/radix={radix}"
+            _compare(case, ref[name], got[name], exact)
+            REPORT[case]["avg_spec_accept_length"] = info["avg_spec_accept_length"]
+        for g in got.get("json_schema", []):
+            assert json.loads(g["text"]).keys() == {"nm", "st"}
 
 
 def _compare(name: str, ref, got, exact: bool) -> None:
@@ -75,42 +91,24 @@ def report():
         Path(out).write_text(json.dumps({"bf16_tie_nats": BF16_TIE, "cases": REPORT}, indent=2))
 
 
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_tiny_draftable(dtype):
+def _jobs(new_tokens: int, grammar: bool) -> dict:
+    greedy = {"temperature": 0, "max_new_tokens": new_tokens, "ignore_eos": True}
+    jobs = {"bs1": (_prompts(1), greedy), "bs32": (_prompts(32), greedy)}
+    if grammar:
+        jobs["json_schema"] = (_prompts(8), {"temperature": 0, "max_new_tokens": 100, "json_schema": json.dumps(SCHEMA)})
+    return jobs
+
+
+def test_tiny_draftable_float32_exact():
     from sgl_inkling.models.inkling.tiny_draftable import ensure_draftable_checkpoint
 
     path = str(ensure_draftable_checkpoint())
-    params = {"temperature": 0, "max_new_tokens": 64, "ignore_eos": True}
-    for bs in (1, 32):
-        prompts = _prompts(bs)
-        ref, _ = _run(path, prompts, params, dtype=dtype)
-        for radix in (True, False):
-            got, info = _run(path, prompts, params, dtype=dtype, speculative_algorithm="MTP",
-                             disable_radix_cache=not radix)  # fmt: skip
-            name = f"tiny-draftable/{dtype}/bs{bs}/radix={radix}"
-            _compare(name, ref, got, exact=dtype == "float32")
-            REPORT[name]["avg_spec_accept_length"] = info["avg_spec_accept_length"]
-    grammar = {"temperature": 0, "max_new_tokens": 100, "json_schema": json.dumps(SCHEMA)}
-    prompts = _prompts(8)
-    ref, _ = _run(path, prompts, grammar, dtype=dtype)
-    got, _ = _run(path, prompts, grammar, dtype=dtype, speculative_algorithm="MTP")
-    _compare(f"tiny-draftable/{dtype}/json_schema", ref, got, exact=dtype == "float32")
-    for g in got:
-        assert json.loads(g["text"]).keys() == {"nm", "st"}
+    _check_model("tiny-draftable/float32", path, _jobs(64, grammar=True), exact=True, dtype="float32")
 
 
-def test_slice_dummy():
+def test_slice_dummy_bfloat16():
     sys.path.insert(0, str(ROOT))
     from benchmark.slice_dir import write_slice_dir
 
     path = str(write_slice_dir())
-    params = {"temperature": 0, "max_new_tokens": 32, "ignore_eos": True}
-    for bs in (1, 32):
-        prompts = _prompts(bs)
-        ref, _ = _run(path, prompts, params, load_format="dummy")
-        for radix in (True, False):
-            got, info = _run(path, prompts, params, load_format="dummy", speculative_algorithm="MTP",
-                             disable_radix_cache=not radix)  # fmt: skip
-            name = f"slice/bfloat16/bs{bs}/radix={radix}"
-            _compare(name, ref, got, exact=False)
-            REPORT[name]["avg_spec_accept_length"] = info["avg_spec_accept_length"]
+    _check_model("slice/bfloat16", path, _jobs(32, grammar=True), exact=False, load_format="dummy")
