@@ -86,6 +86,40 @@ def _moe_down_kernel(
     tl.store(out_ptr, acc * gate[:, None], mask=valid[:, None] & n_ok[None, :])
 
 
+SMALL_ALIGN_PAIRS = 64  # up to this many (token, slot) pairs, one Triton program aligns them
+
+
+@triton.jit
+def _moe_align_small_kernel(
+    Ids, Pairs, BlockExpert, num_pairs, num_experts, max_blocks,
+    BLOCK_M: tl.constexpr, P: tl.constexpr, B: tl.constexpr,
+):  # fmt: skip
+    """moe_align for few pairs in one program: every quantity is a count over a [P, P] comparison
+    (rank among the same expert, pairs and blocks of smaller experts), so no sort and no scan."""
+    i = tl.arange(0, P)
+    ok = i < num_pairs
+    e = tl.load(Ids + i, mask=ok, other=num_experts)  # absent and foreign pairs: id num_experts
+    real = ok & (e < num_experts)
+    ei, ej = e[:, None], e[None, :]
+    rj = real[None, :]
+    same = (ei == ej) & rj
+    rank = tl.sum((same & (i[None, :] < i[:, None])).to(tl.int32), 1)
+    count = tl.sum(same.to(tl.int32), 1)
+    nblk = (count + BLOCK_M - 1) // BLOCK_M
+    first = real & (rank == 0)
+    start = tl.sum(tl.where(first[None, :] & (ej < ei), nblk[None, :], 0), 1)  # blocks of smaller experts
+    # Padding everywhere first, then the real pairs and their blocks' experts.
+    for b0 in range(0, max_blocks * BLOCK_M, P):
+        o = b0 + i
+        tl.store(Pairs + o, num_pairs + 0 * o, mask=o < max_blocks * BLOCK_M)
+    b = tl.arange(0, B)
+    tl.store(BlockExpert + b, -1 + 0 * b, mask=b < max_blocks)
+    tl.debug_barrier()
+    tl.store(Pairs + start * BLOCK_M + rank, i, mask=real)
+    own = (b[None, :] >= start[:, None]) & (b[None, :] < (start + nblk)[:, None]) & first[:, None]
+    tl.store(BlockExpert + b[None, :] + 0 * start[:, None], e[:, None] + 0 * b[None, :], mask=own)
+
+
 def moe_align(ids: torch.Tensor, num_experts: int, block_m: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Sort (token, slot) pairs by expert, each expert's run padded to a multiple of block_m.
 
@@ -97,6 +131,10 @@ def moe_align(ids: torch.Tensor, num_experts: int, block_m: int) -> tuple[torch.
     flat = ids.reshape(-1)
     n_pairs = flat.numel()
     max_blocks = -(-n_pairs // block_m) + min(num_experts + 1, n_pairs)
+    if ids.is_cuda and 0 < n_pairs <= SMALL_ALIGN_PAIRS:
+        # Decode at small batch: one launch instead of a dozen tiny torch kernels (sort, scans,
+        # scatters), which cost more than the experts' own math at batch 1.
+        return moe_align_small(flat, num_experts, block_m, max_blocks)
     counts = torch.zeros(num_experts + 1, dtype=torch.int64, device=ids.device)
     counts.scatter_add_(0, flat, torch.ones_like(flat))
     blocks = (counts + block_m - 1) // block_m
@@ -109,6 +147,24 @@ def moe_align(ids: torch.Tensor, num_experts: int, block_m: int) -> tuple[torch.
     pairs[dest] = order
     block_expert = torch.searchsorted(block_end, torch.arange(max_blocks, device=ids.device), right=True)
     block_expert = torch.where(block_expert < num_experts, block_expert, -1)
+    return pairs, block_expert
+
+
+def moe_align_small(
+    flat: torch.Tensor, num_experts: int, block_m: int, max_blocks: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """moe_align's layout from one Triton program, for at most SMALL_ALIGN_PAIRS pairs (the blocks of
+    foreign ids are left out rather than put last: neither is ever computed)."""
+    n_pairs = flat.numel()
+    if n_pairs > SMALL_ALIGN_PAIRS or max_blocks > 2 * SMALL_ALIGN_PAIRS:
+        raise ValueError(f"moe_align_small takes at most {SMALL_ALIGN_PAIRS} pairs, got {n_pairs}")
+    pairs = torch.empty(max_blocks * block_m, dtype=torch.int64, device=flat.device)
+    block_expert = torch.empty(max_blocks, dtype=torch.int64, device=flat.device)
+    # Shapes are constexpr-free except BLOCK_M, so serving compiles this once per block size.
+    _moe_align_small_kernel[(1,)](
+        flat.contiguous(), pairs, block_expert, n_pairs, num_experts, max_blocks,
+        BLOCK_M=block_m, P=SMALL_ALIGN_PAIRS, B=2 * SMALL_ALIGN_PAIRS,
+    )  # fmt: skip
     return pairs, block_expert
 
 

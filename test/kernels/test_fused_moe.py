@@ -11,7 +11,7 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported
 pytest.importorskip("triton")
 
-from sgl_inkling_kernels.fused_moe import fused_moe, fused_moe_ref, moe_align  # noqa: E402
+from sgl_inkling_kernels.fused_moe import fused_moe, fused_moe_ref, moe_align, moe_align_small  # noqa: E402
 
 CUDA = torch.cuda.is_available()
 DEVICE = "cuda" if CUDA else "cpu"
@@ -87,3 +87,27 @@ def test_fused_moe_skips_foreign_experts():
     # Reference: the same pairs with zero weight (ids kept valid for the reference loop).
     want = fused_moe_ref(x, w13, w2, ids, torch.where(foreign, 0.0, weights), sw13, sw2, gam)
     torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("tokens,top_k,experts,block_m", [(1, 6, 256, 16), (1, 2, 2, 16), (5, 6, 256, 16), (10, 6, 8, 16), (3, 4, 8, 64)])
+def test_moe_align_small_equals_the_sorting_version(tokens, top_k, experts, block_m):
+    """The one-program layout is the torch version's: experts in order, each run padded to block_m,
+    pairs in index order within an expert; ids == experts (held by another rank) are left out."""
+    g = torch.Generator().manual_seed(tokens * 100 + top_k)
+    ids = torch.stack([torch.randperm(experts, generator=g)[:top_k] for _ in range(tokens)])
+    if tokens > 1:
+        ids[1, 0] = ids[0, 0]  # a shared expert across tokens
+    flat = ids.reshape(-1).to(DEVICE)
+    want_pairs, want_blocks = moe_align(ids.cpu(), experts, block_m)
+    max_blocks = want_blocks.numel()
+    pairs, blocks = moe_align_small(flat, experts, block_m, max_blocks)
+    assert blocks.cpu().tolist() == want_blocks.tolist()
+    assert pairs.cpu().tolist() == want_pairs.tolist()
+    foreign = flat.clone()
+    foreign[-1] = experts
+    f_pairs, f_blocks = moe_align_small(foreign, experts, block_m, max_blocks)
+    ref_pairs, ref_blocks = moe_align(foreign.cpu().view(tokens, top_k), experts, block_m)
+    used = [b for b, e in enumerate(ref_blocks.tolist()) if e >= 0]
+    assert f_blocks.cpu().tolist() == ref_blocks.tolist()
+    for b in used:
+        assert f_pairs[b * block_m : (b + 1) * block_m].cpu().tolist() == ref_pairs[b * block_m : (b + 1) * block_m].tolist()

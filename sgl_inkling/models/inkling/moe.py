@@ -50,7 +50,10 @@ class Router(nn.Module):
         self.n_routed = cfg.n_routed_experts
         self.top_k = cfg.num_experts_per_tok
         self.route_scale = cfg.route_scale
-        self.weight = nn.Parameter(torch.zeros(cfg.n_routed_experts + cfg.n_shared_experts, cfg.hidden_size))
+        # Held in fp32 (exact for a bf16 checkpoint): routing runs in fp32, and converting the weight
+        # on every call cost a copy kernel per layer per decode step.
+        n = cfg.n_routed_experts + cfg.n_shared_experts
+        self.weight = nn.Parameter(torch.zeros(n, cfg.hidden_size, dtype=torch.float32))
         self.bias = nn.Parameter(torch.zeros(cfg.n_routed_experts, dtype=torch.float32))
         self.global_scale = nn.Parameter(torch.ones(1, dtype=torch.float32))
 
