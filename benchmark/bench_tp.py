@@ -95,11 +95,13 @@ def run_batch(model, cfg, bsz: int, args, clock: Clock) -> dict:
     for h in handles:
         h.remove()
 
-    graph_ms, graph_error = None, None
+    graph_ms, graph_error, graph_layers_ms = None, None, None
     if args.cuda_graph and clock.cuda:
         try:
             last = [[t] for t in tokens[-1]]  # replayed steps need tokens that agree across ranks
-            graph_ms = statistics.median(graph_step_ms(runner, seqs, lambda _n: last, args.decode_steps))
+            times, layers_total = graph_step_ms(runner, seqs, lambda _n: last, args.decode_steps)
+            graph_ms = statistics.median(times)
+            graph_layers_ms = layers_total / len(layer_ms)
         except Exception as e:  # report it, keep the eager figures
             graph_error = f"{type(e).__name__}: {e}"[:500]
     seqs.free()
@@ -120,6 +122,7 @@ def run_batch(model, cfg, bsz: int, args, clock: Clock) -> dict:
         "compute_ms_per_layer": layer_mean - comm_total,
         "cuda_graph_step_ms": graph_ms,
         "cuda_graph_error": graph_error,
+        "cuda_graph_layers_ms_per_layer": graph_layers_ms,  # trunk layers alone, collectives included
         "tokens": tokens,
         "first_step_logits_sample": first[:, probe_ids].tolist(),
         "first_step_argmax": first.argmax(-1).tolist(),
@@ -252,7 +255,8 @@ def main(argv: list[str] | None = None) -> dict:
             c = r["comm_ms_per_layer"]
             print(f"{key} bs{r['batch_size']:>3}: step {r['decode_step_ms']:.3f} ms, layer {r['layer_ms_mean']:.3f} ms "
                   f"(comm {c['total']:.3f}: rs {c.get('reduce_scatter', 0):.3f} ag {c.get('all_gather', 0):.3f}), "
-                  f"graph step {r['cuda_graph_step_ms'] or '-'}")  # fmt: skip
+                  f"graph step {r['cuda_graph_step_ms'] or '-'}, graph layers/layer "
+                  f"{r.get('cuda_graph_layers_ms_per_layer') or '-'} {r['cuda_graph_error'] or ''}")  # fmt: skip
     print(json.dumps(result["greedy_vs_tp1"], indent=1))
     print(f"wrote {out}")
     return result
