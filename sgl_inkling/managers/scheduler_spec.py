@@ -57,8 +57,7 @@ class SpecDecodeMixin:
             self.runner.device,
             logits_counts=[r] * len(reqs),
         )
-        fb.sconv_capture = self.spec.trunk_capture
-        out = self.runner.forward(fb)
+        out = self.spec.forward_verify(fb)
         logits = out.logits.float().view(len(reqs), r, -1)
         raw = logits.clone() if any(q.return_logprob for q in reqs) else None
         self.spec.verify_masks(reqs, logits)

@@ -46,6 +46,11 @@ class MTPWorker:
         # A depth consumes up to K + 1 committed tokens, the pending one and K - 1 drafts per step.
         depth_capture = {trunk + d: buffers(trunk + d, 2 * num_steps + 1) for d in range(num_steps)}
         self.chain = DepthChain(runner, num_steps, self.carry, depth_capture)
+        self.verify_graphs = None
+        if runner.graphs is not None:  # CUDA graphs on: verify steps replay per batch bucket too
+            from sgl_inkling.speculative.verify_graphs import VerifyGraphRunner
+
+            self.verify_graphs = VerifyGraphRunner(runner, num_steps + 1, self.trunk_capture, runner.graphs.buckets[-1])
         self.forced_accept: float | None = None  # benchmark-only switch (bench_one_batch --mtp-force-accept)
         self._forced_credit = 0.0
         self.num_verify_steps = 0
@@ -132,6 +137,13 @@ class MTPWorker:
 
     # ---------------------------------------------------------------- verify
 
+    def forward_verify(self, batch):
+        """The trunk over [pending token, drafts] of every request, conv windows captured."""
+        batch.sconv_capture = self.trunk_capture
+        if self.verify_graphs is not None and self.verify_graphs.can_run(batch):
+            return self.verify_graphs.replay(batch)
+        return self.runner.forward(batch)
+
     def verify_masks(self, reqs: list[Req], logits: torch.Tensor) -> None:
         """Apply each constrained request's per-row masks to its verify logits [B, K + 1, V]."""
         if self.grammar is None:
@@ -174,4 +186,5 @@ class MTPWorker:
             "speculative_num_steps": self.num_steps,
             "spec_verify_steps": steps,
             "avg_spec_accept_length": self.num_verify_tokens / steps if steps else 0.0,
+            "spec_verify_cuda_graph": self.verify_graphs is not None,
         }

@@ -61,6 +61,8 @@ def _check_model(label: str, path: str, jobs: dict, exact: bool, **server) -> No
             case = f"{label}/{name}/radix={radix}"
             _compare(case, ref[name], got[name], exact)
             REPORT[case]["avg_spec_accept_length"] = info["avg_spec_accept_length"]
+            REPORT[case]["verify_cuda_graph"] = info["spec_verify_cuda_graph"]
+        assert info["spec_verify_cuda_graph"], "CUDA graphs are on by default: verify must replay from them"
         for g in got.get("json_schema", []):
             assert json.loads(g["text"]).keys() == {"nm", "st"}
 

@@ -1,0 +1,94 @@
+"""MTP verify steps replayed from CUDA graphs, one per batch-size bucket.
+
+A verify step is an extend of exactly K + 1 tokens per request with every row's logits and the
+trunk's conv windows captured (for rollback), so its shapes depend on the bucket only. Padded
+requests use the runner's reserved row with no prefix and the padding KV slot 0, as in decode.
+"""
+
+from __future__ import annotations
+
+import bisect
+
+import torch
+
+from sgl_inkling.model_executor.cuda_graph_runner import _BUCKETS
+from sgl_inkling.model_executor.forward_batch import ForwardBatch, ForwardMode
+from sgl_inkling.models.inkling.model import ModelOutput
+
+_PER_TOKEN = ("input_ids", "positions", "out_loc", "out_loc_swa")
+_PER_REQ = ("req_pool_indices", "prefix_lens")
+
+
+class VerifyGraphRunner:
+    def __init__(self, runner, tokens_per_req: int, capture: dict, max_bs: int):
+        self.runner = runner
+        self.r = tokens_per_req
+        self.capture = capture
+        self.buckets = [b for b in _BUCKETS if b < max_bs] + [max_bs]
+        self.pad_row = runner.req_to_token.pad_row
+        n, dev = self.buckets[-1], runner.device
+        self.static = {f: torch.zeros(n * self.r, dtype=torch.int64, device=dev) for f in _PER_TOKEN}
+        self.static.update({f: torch.zeros(n, dtype=torch.int64, device=dev) for f in _PER_REQ})
+        self.static["req_pool_indices"].fill_(self.pad_row)
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.outputs: dict[int, ModelOutput] = {}
+        self.batches: dict[int, ForwardBatch] = {}
+        for bs in reversed(self.buckets):
+            self._capture(bs)
+
+    def _batch(self, bs: int) -> ForwardBatch:
+        s, t, dev = self.static, bs * self.r, self.runner.device
+        batch = ForwardBatch(
+            mode=ForwardMode.EXTEND,
+            input_ids=s["input_ids"][:t],
+            positions=s["positions"][:t],
+            req_pool_indices=s["req_pool_indices"][:bs],
+            prefix_lens=s["prefix_lens"][:bs],
+            extend_lens=torch.full((bs,), self.r, dtype=torch.int64, device=dev),
+            out_loc=s["out_loc"][:t],
+            out_loc_swa=s["out_loc_swa"][:t],
+            logits_indices=torch.arange(t, device=dev),
+            prefix_lens_cpu=[1] * bs,  # host copies feed only the reference backend's loops
+            extend_lens_cpu=[self.r] * bs,
+        )
+        batch.sconv_capture = self.capture
+        return batch
+
+    def _capture(self, bs: int) -> None:
+        batch = self._batch(bs)
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                self.runner.forward_eager(batch)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = self.runner.forward_eager(batch)
+        self.graphs[bs], self.outputs[bs], self.batches[bs] = graph, out, batch
+
+    def can_run(self, batch: ForwardBatch) -> bool:
+        return (
+            batch.batch_size <= self.buckets[-1]
+            and all(n == self.r for n in batch.extend_lens_cpu)
+            and batch.input_embeds is None
+            and not batch.sconv_snapshots
+        )
+
+    def replay(self, batch: ForwardBatch) -> ModelOutput:
+        bs = batch.batch_size
+        bucket = self.buckets[bisect.bisect_left(self.buckets, bs)]
+        s, t, end = self.static, bs * self.r, bucket * self.r
+        for f in _PER_TOKEN:
+            s[f][:t].copy_(getattr(batch, f))
+        for f in _PER_REQ:
+            s[f][:bs].copy_(getattr(batch, f))
+        if bucket > bs:  # padded requests: the reserved row, no prefix, the padding slot
+            for f in _PER_TOKEN:
+                s[f][t:end] = 0
+            s["positions"][t:end] = torch.arange(self.r, device=s["positions"].device).repeat(bucket - bs)
+            s["prefix_lens"][bs:bucket] = 0
+            s["req_pool_indices"][bs:bucket] = self.pad_row
+        self.graphs[bucket].replay()
+        out = self.outputs[bucket]
+        return ModelOutput(logits=out.logits[:t], hidden=out.hidden[:t])
