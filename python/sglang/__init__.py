@@ -21,6 +21,7 @@ _EXPORTS: dict[str, str] = {
             "assistant",
             "assistant_begin",
             "assistant_end",
+            "audio",
             "flush_cache",
             "function",
             "gen",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import re
 import threading
 import time
@@ -238,9 +239,11 @@ def test_variables_set_by_the_program_and_missing_ones():
         state["nope"]
 
 
-def test_image_is_a_clear_error_and_no_backend_is_explained():
-    with pytest.raises(NotImplementedError, match="image input"):
+def test_missing_media_file_and_video_are_clear_errors_and_no_backend_is_explained():
+    with pytest.raises(FileNotFoundError, match="cat.png"):
         sgl.image("cat.png")
+    with pytest.raises(NotImplementedError, match="video"):
+        sgl.video("clip.mp4", 4)
     sgl.set_default_backend(None)
     with pytest.raises(RuntimeError, match="set_default_backend"):
         qa.run(question="x")
@@ -255,3 +258,28 @@ def test_function_decorator_forms():
     assert prog.bind(a="x").run(b="y", backend=FakeBackend()).text() == "xy"
     with pytest.raises(TypeError):
         prog.bind(c=1)
+
+
+def test_raw_program_media_become_placeholders_and_every_later_request_carries_them(tmp_path):
+    wav = tmp_path / "a.wav"
+    wav.write_bytes(b"RIFF-fake")
+
+    @sgl.function
+    def prog(s):
+        s += "See " + sgl.image(b"png-bytes") + " hear " + sgl.audio(str(wav)) + sgl.gen("a", max_tokens=2)
+        forks = s.fork(1)
+        forks[0] += sgl.image("data:image/jpeg;base64,AAAA") + sgl.gen("b", max_tokens=2)
+        forks.join()
+
+    backend = FakeBackend(reply=lambda body: "x")
+    prog.run(backend=backend)
+    first, second = backend.bodies
+    assert first["text"] == "See <|unused_200054|> hear <|unused_200053|>"
+    png_url = "data:image/png;base64," + base64.b64encode(b"png-bytes").decode()
+    assert first["image_data"] == [png_url]
+    [audio_url] = first["audio_data"]  # the MIME type is the platform's guess for .wav
+    assert audio_url.startswith("data:audio/") and audio_url.endswith(";base64," + base64.b64encode(b"RIFF-fake").decode())
+    # The fork inherits the parent's media and adds its own, in prompt order.
+    assert second["text"].endswith("x<|unused_200054|>")
+    assert second["image_data"] == [png_url, "data:image/jpeg;base64,AAAA"]
+    assert second["audio_data"] == first["audio_data"]

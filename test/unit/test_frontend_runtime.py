@@ -27,7 +27,7 @@ def test_server_flags_follow_launch_server_spelling():
 def test_import_sglang_and_the_frontend_api_do_not_load_torch():
     code = (
         "import sys, sglang as sgl\n"
-        "sgl.function, sgl.gen, sgl.select, sgl.user, sgl.image, sgl.set_default_backend\n"
+        "sgl.function, sgl.gen, sgl.select, sgl.user, sgl.image, sgl.audio, sgl.set_default_backend\n"
         "sgl.RuntimeEndpoint, sgl.Runtime\n"
         "assert 'torch' not in sys.modules, 'torch imported'\n"
     )

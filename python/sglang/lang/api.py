@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -13,12 +14,14 @@ from sglang.lang.ir import (
     SglExpr,
     SglExprList,
     SglGen,
+    SglMedia,
     SglRoleBegin,
     SglRoleEnd,
     SglSamplingParams,
     SglSelect,
     to_expr,
 )
+from sglang.lang.media import to_data_url
 
 
 def set_default_backend(backend: Any) -> None:
@@ -149,14 +152,18 @@ def assistant_end() -> SglExpr:
 
 
 class MultimodalNotAvailableError(NotImplementedError):
-    """Raised by sgl.image / sgl.video until the server accepts image input."""
+    """Raised by sgl.video: the server takes images and audio, not video."""
 
 
-def image(expr: Any) -> SglExpr:
-    raise MultimodalNotAvailableError(
-        "sgl.image: this sglang-inkling server does not accept image input yet (multimodal support is "
-        "not available); remove the image from the program"
-    )
+def image(source: str | bytes | os.PathLike) -> SglExpr:
+    """An image (file path, data URL or bytes): inside a role it is an image part of that message;
+    in a raw program, one image placeholder in the text. Needs a server with --enable-multimodal."""
+    return SglMedia("image", to_data_url(source, "image"))
+
+
+def audio(source: str | bytes | os.PathLike) -> SglExpr:
+    """An audio clip (WAV/FLAC/MP3 file path, data URL or bytes), placed like `image`."""
+    return SglMedia("audio", to_data_url(source, "audio"))
 
 
 def video(path: str, num_frames: int) -> SglExpr:
@@ -168,6 +175,7 @@ __all__ = [
     "assistant",
     "assistant_begin",
     "assistant_end",
+    "audio",
     "flush_cache",
     "function",
     "gen",

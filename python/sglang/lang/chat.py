@@ -9,6 +9,9 @@ Two ways to continue it, both built from the real renderer, never from a hand-wr
 - text block: a message with content already (or a `select`, which scores text). The prompt is the
   conversation rendered with that partial message, minus the closing framing tokens, so the model
   continues inside the message's `<|content_text|>` block.
+
+Images and audio are OpenAI-style parts of a message; a conversation with any is rendered as the
+chat endpoint renders it (see `_render_media_ids`).
 """
 
 from __future__ import annotations
@@ -16,6 +19,8 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass, field
 from typing import Any
+
+from sglang.lang import media as media_mod
 
 ROLES = ("system", "user", "assistant")
 
@@ -36,7 +41,8 @@ class ChatTranscript:
     reasoning_effort: float | str | None = None
     messages: list[dict[str, Any]] = field(default_factory=list)
     role: str | None = None  # the message being written, if any
-    content: str = ""
+    content: str = ""  # the open message's text after its last media part
+    parts: list[dict[str, Any]] = field(default_factory=list)  # the open message's parts before that
 
     def copy(self) -> ChatTranscript:
         return copy.deepcopy(self)
@@ -48,7 +54,28 @@ class ChatTranscript:
             raise ChatProgramError(f"unknown role {role!r}; use one of {ROLES}")
         if self.role is not None:
             raise ChatProgramError(f"{role}_begin() inside an open {self.role} message; end it first")
-        self.role, self.content = role, ""
+        self.role, self.content, self.parts = role, "", []
+
+    def add_media(self, item: media_mod.Media) -> None:
+        if self.role is None:
+            raise ChatProgramError(
+                f"sgl.{item.kind} outside a role in a chat program: put it inside sgl.user(...) etc."
+            )
+        if self.content:
+            self.parts.append({"type": "text", "text": self.content})
+        self.content = ""
+        if item.kind == "image":
+            self.parts.append({"type": "image_url", "image_url": {"url": item.url}})
+        else:
+            payload = item.url.partition(",")[2]  # OpenAI's input_audio takes bare base64
+            self.parts.append({"type": "input_audio", "input_audio": {"data": payload}})
+
+    def _open_message(self, extra: str = "") -> dict[str, Any]:
+        text = self.content + extra
+        if not self.parts:
+            return {"role": self.role, "content": text}
+        tail = [{"type": "text", "text": text}] if text else []
+        return {"role": self.role, "content": [*self.parts, *tail]}
 
     def append(self, text: str) -> None:
         if self.role is None:
@@ -60,19 +87,34 @@ class ChatTranscript:
     def end(self, role: str) -> None:
         if self.role != role:
             raise ChatProgramError(f"{role}_end() without a matching {role}_begin() (open: {self.role})")
-        self.messages.append({"role": role, "content": self.content})
-        self.role, self.content = None, ""
+        self.messages.append(self._open_message())
+        self.role, self.content, self.parts = None, "", []
 
     @property
     def in_open_turn(self) -> bool:
         """An assistant message with nothing in it yet: the model opens the turn itself."""
-        return self.role == "assistant" and not self.content and bool(self.messages)
+        return self.role == "assistant" and not self.content and not self.parts and bool(self.messages)
 
     # ---------------------------------------------------------------- rendering
 
     def _render_ids(self, messages: list[dict[str, Any]]) -> list[int]:
+        if any(isinstance(m["content"], list) for m in messages):
+            return self._render_media_ids(messages)
         render, _, tok = _chat()
         return render.render_chat(messages, reasoning_effort=self.reasoning_effort, tokenizer=tok).input_ids
+
+    def _render_media_ids(self, messages: list[dict[str, Any]]) -> list[int]:
+        """The chat endpoint's own path (decode the media, render, expand to one placeholder per
+        patch or frame), then each item collapsed back to ONE placeholder: the request carries the
+        media and the server widens each placeholder again."""
+        render, _, tok = _chat()
+        proc = media_mod.processor()
+        rendered, images = proc.chat_messages(messages)
+        prompt = render.render_chat(
+            rendered, reasoning_effort=self.reasoning_effort, tokenizer=tok, allow_media=True
+        )
+        ids, items = proc.expand_chat(prompt.spans, images)
+        return media_mod.collapse(ids, items)
 
     def open_turn_prompt(self) -> list[int]:
         return self._render_ids(self.messages)
@@ -83,7 +125,7 @@ class ChatTranscript:
             raise ChatProgramError(
                 "gen/select in a chat program must be inside a role, e.g. sgl.assistant(sgl.gen())"
             )
-        ids = self._render_ids([*self.messages, {"role": self.role, "content": self.content + extra}])
+        ids = self._render_ids([*self.messages, self._open_message(extra)])
         # Content is ordinary text (never encoded as specials), so these trailing ids are the message's
         # closing framing, which the continuation must not see; the opening framing stays.
         fr = _chat()[2].framing
@@ -95,7 +137,7 @@ class ChatTranscript:
     def text(self) -> str:
         """The conversation as the model sees it, special tokens spelled out."""
         _, _, tok = _chat()
-        if self.role is not None and self.content:
+        if self.role is not None and (self.content or self.parts):
             return tok.decode(self.text_block_prompt())
         return tok.decode(self._render_ids(self.messages)) if self.messages else ""
 

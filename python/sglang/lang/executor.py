@@ -20,11 +20,13 @@ from sglang.lang.ir import (
     SglExpr,
     SglExprList,
     SglGen,
+    SglMedia,
     SglRoleBegin,
     SglRoleEnd,
     SglSamplingParams,
     SglSelect,
 )
+from sglang.lang.media import PLACEHOLDER_TEXT, Media
 from sglang.lang.variables import VariableStore
 
 
@@ -53,6 +55,7 @@ class StreamExecutor:
         self.fork_start_text_pos = 0
         self.stream_text_event = threading.Event()
         self._raw_text = ""
+        self.media: list[Media] = []  # every image/clip so far, in prompt order
         self._lock = threading.RLock()  # guards text and chat against readers on other threads
         self._ended = False
         self._queue: queue.Queue | None = None
@@ -177,6 +180,8 @@ class StreamExecutor:
                     raise ChatProgramError(f"{expr.role}_end() without {expr.role}_begin()")
                 self.chat.end(expr.role)
             self.stream_text_event.set()
+        elif isinstance(expr, SglMedia):
+            self._media(Media(expr.kind, expr.url))
         elif isinstance(expr, SglGen):
             self._gen(expr)
         elif isinstance(expr, SglSelect):
@@ -196,9 +201,18 @@ class StreamExecutor:
             self.chat.begin(role)
         self.stream_text_event.set()
 
+    def _media(self, item: Media) -> None:
+        with self._lock:
+            if self.chat is None:
+                self._raw_text += PLACEHOLDER_TEXT[item.kind]
+            else:
+                self.chat.add_media(item)
+            self.media.append(item)
+        self.stream_text_event.set()
+
     def _gen(self, expr: SglGen) -> None:
         params = expr.sampling.merged_over(self.default_sampling)
-        prompt = gen_prompt(self.chat, self._raw_text)
+        prompt = gen_prompt(self.chat, self._raw_text, self.media)
         base = self._raw_text if self.chat is None else self.chat.content
 
         def show(partial: str) -> None:
@@ -226,8 +240,10 @@ class StreamExecutor:
         self.stream_text_event.set()
 
     def _select(self, expr: SglSelect) -> None:
-        prompt_ids, full = select_prompts(self.chat, self._raw_text, expr.choices)
-        decision = run_select(self.backend, prompt_ids, full, expr.choices, expr.choices_method)
+        prompt_ids, full = select_prompts(self.chat, self._raw_text, expr.choices, bool(self.media))
+        decision = run_select(
+            self.backend, prompt_ids, full, expr.choices, expr.choices_method, self.media
+        )
         self._append_text(decision.decision)
         if expr.name:
             with self._lock:
@@ -245,6 +261,7 @@ class StreamExecutor:
             child = StreamExecutor(self.backend, self.arguments, self.default_sampling, self.stream, True)
             with self._lock:
                 child._raw_text = self._raw_text
+                child.media = list(self.media)
                 child.chat = self.chat.copy() if self.chat is not None else None
                 child.meta_info.update(self.meta_info)
                 variables = dict(self.variables)

@@ -3,6 +3,8 @@
 A prompt is either raw text (a program without roles: sent as `text`, as upstream does) or chat
 token ids (sent as `input_ids`, because TMLv0 framing tokens have no text spelling the server
 would encode back into them). Chat outputs are token ids run through the TMLv0 output parser.
+Every request carries all the program's media so far (`image_data` / `audio_data`), one
+placeholder token in the prompt per item.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from sglang.lang.backend.base_backend import BaseBackend, SglServerError
 from sglang.lang.chat import ChatTranscript
 from sglang.lang.choices import ChoicesDecision, TokenLogprob, normalized_logprob
 from sglang.lang.ir import SglSamplingParams
+from sglang.lang.media import Media, request_fields
 
 
 @dataclass
@@ -25,6 +28,7 @@ class GenPrompt:
     # `<|content_text|>` when the model continues a message. None: raw text, no parsing.
     parse_prefix: list[int] | None = None
     extra_stop_token_ids: list[int] = field(default_factory=list)
+    media: list[Media] = field(default_factory=list)
 
 
 @dataclass
@@ -33,23 +37,25 @@ class GenResult:
     meta_info: dict[str, Any]
 
 
-def gen_prompt(chat: ChatTranscript | None, raw_text: str) -> GenPrompt:
+def gen_prompt(chat: ChatTranscript | None, raw_text: str, media: Sequence[Media] = ()) -> GenPrompt:
     """What a gen continues: the raw text, the rendered conversation, or the open message's text block."""
+    media = list(media)
     if chat is None:
-        return GenPrompt(text=raw_text)
+        return GenPrompt(text=raw_text, media=media)
     if chat.in_open_turn:
-        return GenPrompt(input_ids=chat.open_turn_prompt(), parse_prefix=[])
+        return GenPrompt(input_ids=chat.open_turn_prompt(), parse_prefix=[], media=media)
     # Inside a user/system message the text ends with the message, not with the turn.
     stops = [] if chat.role == "assistant" else [chat.end_message_id()]
     return GenPrompt(
         input_ids=chat.text_block_prompt(),
         parse_prefix=chat.text_block_opener(),
         extra_stop_token_ids=stops,
+        media=media,
     )
 
 
 def select_prompts(
-    chat: ChatTranscript | None, raw_text: str, choices: list[str]
+    chat: ChatTranscript | None, raw_text: str, choices: list[str], has_media: bool = False
 ) -> tuple[list[int], list[list[int]]]:
     """The prompt's ids, and each prompt+choice tokenised as one text (see `run_select`)."""
     if chat is not None:
@@ -57,7 +63,17 @@ def select_prompts(
     from sgl_inkling.chat.tokenizer import get_tokenizer
 
     tok = get_tokenizer()
-    return tok.encode(raw_text), [tok.encode(raw_text + c) for c in choices]
+    encode = tok.encode
+    if has_media:
+        # Placeholder spellings must become their single ids, as the server encodes a text prompt.
+        from sglang.lang.media import processor
+
+        proc = processor()
+
+        def encode(text: str) -> list[int]:
+            return proc.encode_text(text, tok)
+
+    return encode(raw_text), [encode(raw_text + c) for c in choices]
 
 
 def gen_body(prompt: GenPrompt, params: SglSamplingParams) -> dict[str, Any]:
@@ -69,6 +85,7 @@ def gen_body(prompt: GenPrompt, params: SglSamplingParams) -> dict[str, Any]:
         body["input_ids"] = prompt.input_ids
     else:
         body["text"] = prompt.text
+    body.update(request_fields(prompt.media))
     return body
 
 
@@ -147,6 +164,7 @@ def run_select(
     choice_ids: list[list[int]],
     choices: list[str],
     choices_method: Callable[..., ChoicesDecision],
+    media: Sequence[Media] = (),
 ) -> ChoicesDecision:
     """Score each choice by its tokens' log-probabilities after the prompt; let the method decide.
 
@@ -165,6 +183,8 @@ def run_select(
         "return_text_in_logprobs": True,
         "sampling_params": {"max_new_tokens": 0, "temperature": 0},
     }
+    # A batch request: each choice's prompt carries the same media.
+    body.update({k: [v] * len(choice_ids) for k, v in request_fields(media).items()})
     results = backend.generate(body)
     token_logprobs: list[list[TokenLogprob]] = []
     for full, start, res in zip(choice_ids, starts, results):

@@ -156,6 +156,17 @@ class SglRoleEnd(SglExpr):
         return f"SglRoleEnd({self.role!r})"
 
 
+class SglMedia(SglExpr):
+    """An image or audio clip (`sgl.image` / `sgl.audio`), already turned into a data URL."""
+
+    def __init__(self, kind: str, url: str):
+        self.kind = kind
+        self.url = url
+
+    def __repr__(self) -> str:
+        return f"SglMedia({self.kind!r}, {self.url[:40]!r}...)"
+
+
 def to_expr(value: SglExpr | str) -> SglExpr:
     if isinstance(value, SglExpr):
         return value
