@@ -113,3 +113,26 @@ def test_same_image_twice_hits_the_prefix_cache_on_a_second_run(server, backend)
     assert second.get_meta_info("a2")["cached_tokens"] >= first.get_meta_info("a1")["prompt_tokens"]
     assert second["a1"] == first["a1"] and second["a2"] == first["a2"]
     server.wait_idle_baseline()
+
+
+@sgl.function
+def color(s, image):
+    s += "Picture " + sgl.image(image) + " is" + sgl.select("c", choices=[" red", " blue"])
+
+
+def test_select_after_an_image_scores_the_choice_tokens(server, backend):
+    image = data_url(encode_image(picture(64, 48, seed=8)), "image/png")
+    state = color.run(image=image, backend=backend)
+    scored = state.get_meta_info("c")["input_token_logprobs"]
+    for choice, entries in zip([" red", " blue"], scored):
+        # Reference: the whole text scored by hand; a one-token choice is the prompt's last token.
+        ref = server.generate(
+            text="Picture <|unused_200054|> is" + choice,
+            image_data=[image],
+            return_logprob=True,
+            logprob_start_len=0,
+            sampling_params={"max_new_tokens": 0, "temperature": 0},
+        )["meta_info"]["input_token_logprobs"][-1]
+        assert len(entries) == 1 and entries[0][1] == ref[1]
+        assert entries[0][0] == pytest.approx(ref[0], abs=1e-3)
+    server.wait_idle_baseline()

@@ -189,8 +189,13 @@ def run_select(
     token_logprobs: list[list[TokenLogprob]] = []
     for full, start, res in zip(choice_ids, starts, results):
         entries = [tuple(e) for e in res["meta_info"]["input_token_logprobs"]]
-        if len(entries) != len(full) - start:
-            raise SglServerError(500, f"expected {len(full) - start} input logprobs, got {len(entries)}")
+        need = len(full) - start
+        # The server counts `logprob_start_len` in its widened prompt (each media placeholder grown
+        # to its patch/frame count), so with media it returns more entries; all media precede the
+        # choice, so the choice's tokens are the last `need` entries either way.
+        if len(entries) < need or (len(entries) > need and not media):
+            raise SglServerError(500, f"expected {need} input logprobs, got {len(entries)}")
+        entries = entries[len(entries) - need :]
         token_logprobs.append(entries)
     normalized = [normalized_logprob(t) for t in token_logprobs]
     decision = choices_method(
