@@ -21,6 +21,8 @@ from sgl_inkling.managers.schedule_batch import Req
 from sgl_inkling.model_executor.model_runner import ModelRunner
 from sgl_inkling.speculative.levels import DepthChain, LevelSeq
 
+VERIFY_GRAPH_MAX_BS = 64  # larger verify batches run eagerly (they are compute-bound anyway)
+
 
 class MTPWorker:
     def __init__(self, runner: ModelRunner, num_steps: int | None, grammar_backend=None):
@@ -50,7 +52,8 @@ class MTPWorker:
         if runner.graphs is not None:  # CUDA graphs on: verify steps replay per batch bucket too
             from sgl_inkling.speculative.verify_graphs import VerifyGraphRunner
 
-            self.verify_graphs = VerifyGraphRunner(runner, num_steps + 1, self.trunk_capture, runner.graphs.buckets[-1])
+            max_bs = min(VERIFY_GRAPH_MAX_BS, runner.graphs.buckets[-1])
+            self.verify_graphs = VerifyGraphRunner(runner, num_steps + 1, self.trunk_capture, max_bs)
         self.forced_accept: float | None = None  # benchmark-only switch (bench_one_batch --mtp-force-accept)
         self._forced_credit = 0.0
         self.num_verify_steps = 0

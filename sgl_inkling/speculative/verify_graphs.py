@@ -3,6 +3,9 @@
 A verify step is an extend of exactly K + 1 tokens per request with every row's logits and the
 trunk's conv windows captured (for rollback), so its shapes depend on the bucket only. Padded
 requests use the runner's reserved row with no prefix and the padding KV slot 0, as in decode.
+The graphs share one memory pool (captured largest first): a verify's outputs are consumed before
+the next verify replays, and [K + 1 tokens x vocabulary] logits per request make separate pools
+too costly next to the weights.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ class VerifyGraphRunner:
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.outputs: dict[int, ModelOutput] = {}
         self.batches: dict[int, ForwardBatch] = {}
+        self.pool = torch.cuda.graph_pool_handle()
         for bs in reversed(self.buckets):
             self._capture(bs)
 
@@ -63,7 +67,7 @@ class VerifyGraphRunner:
                 self.runner.forward_eager(batch)
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
+        with torch.cuda.graph(graph, pool=self.pool):
             out = self.runner.forward_eager(batch)
         self.graphs[bs], self.outputs[bs], self.batches[bs] = graph, out, batch
 
