@@ -88,8 +88,8 @@ class SpecDecodeMixin:
             req.spec_accepted_drafts += n - 1
             self.spec.num_verify_steps += 1
             self.spec.num_verify_tokens += n
-            if not req.finished:
-                assert self.kv.reserve(req, r)  # ensured above
+            if not req.finished and not self.kv.reserve(req, r):  # ensured above: cannot happen
+                raise RuntimeError("KV slots for the next verify vanished after ensure()")
         self.spec.draft(reqs, starts, hidden)
         for req in reqs:
             self.kv.release_window(req)  # after drafting: the depths re-read the window from `starts`
