@@ -44,6 +44,21 @@ _BUCKETS = (
 _FIELDS = ("input_ids", "positions", "req_pool_indices", "prefix_lens", "out_loc", "out_loc_swa")
 
 
+def capture_forward(runner, batch: ForwardBatch, pool=None) -> tuple[torch.cuda.CUDAGraph, ModelOutput]:
+    """Warm up (kernel compilation, autotuning) off the capture stream, then capture one forward.
+    Keep the batch alive with the graph: the graph reads its tensors by address."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            runner.forward_eager(batch)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, pool=pool):
+        out = runner.forward_eager(batch)
+    return graph, out
+
+
 class CudaGraphRunner:
     def __init__(self, runner, max_bs: int):
         self.runner = runner
@@ -77,18 +92,9 @@ class CudaGraphRunner:
 
     def _capture(self, bs: int) -> None:
         batch = self._batch(bs)
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):  # warm-up (kernel compilation, autotuning) off the capture stream
-            for _ in range(2):
-                self.runner.forward_eager(batch)
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
         # Each graph keeps its own memory pool: buckets are replayed in any order, so one graph's
         # intermediates must never alias another's outputs.
-        with torch.cuda.graph(graph):
-            out = self.runner.forward_eager(batch)
-        # The graph reads these tensors by address: keep the batch (its arange and ones) alive.
+        graph, out = capture_forward(self.runner, batch)
         self.graphs[bs], self.outputs[bs], self.batches[bs] = graph, out, batch
 
     def can_run(self, batch: ForwardBatch) -> bool:

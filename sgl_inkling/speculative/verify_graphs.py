@@ -14,7 +14,7 @@ import bisect
 
 import torch
 
-from sgl_inkling.model_executor.cuda_graph_runner import _BUCKETS
+from sgl_inkling.model_executor.cuda_graph_runner import _BUCKETS, capture_forward
 from sgl_inkling.model_executor.forward_batch import ForwardBatch, ForwardMode
 from sgl_inkling.models.inkling.model import ModelOutput
 
@@ -60,15 +60,7 @@ class VerifyGraphRunner:
 
     def _capture(self, bs: int) -> None:
         batch = self._batch(bs)
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(2):
-                self.runner.forward_eager(batch)
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool):
-            out = self.runner.forward_eager(batch)
+        graph, out = capture_forward(self.runner, batch, self.pool)
         self.graphs[bs], self.outputs[bs], self.batches[bs] = graph, out, batch
 
     def can_run(self, batch: ForwardBatch) -> bool:
