@@ -295,12 +295,8 @@ class Scheduler(SpecDecodeMixin):
         if self.spec is not None:
             self.run_spec_decode()
             return
-        while not self.kv.ensure(len(self.running), len(self.running)):
-            if len(self.running) == 1:
-                req = self.running.pop()
-                self.finish(req, {"type": "abort", "message": "out of KV memory"})
-                return
-            self.retract_one()
+        if not self.make_room(1):
+            return
         reqs = list(self.running)
         locs = [self.kv.alloc(r, 1) for r in reqs]
         fb = ForwardBatch.build(
@@ -318,6 +314,17 @@ class Scheduler(SpecDecodeMixin):
             self.kv.release_window(r)
         self.sample_and_advance(reqs, logits)
         self.running = [r for r in self.running if not r.finished]
+
+    def make_room(self, per_req: int) -> bool:
+        """Retract until a step taking `per_req` new KV slots per running request fits. False when
+        even a lone request does not fit: it is aborted and nothing runs this step."""
+        while not self.kv.ensure(per_req * len(self.running), per_req * len(self.running)):
+            if len(self.running) == 1:
+                req = self.running.pop()
+                self.finish(req, {"type": "abort", "message": "out of KV memory"})
+                return False
+            self.retract_one()
+        return True
 
     def retract_one(self) -> None:
         """Free the request that has made the least progress; it is re-prefilled later, not failed."""

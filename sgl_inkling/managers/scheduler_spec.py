@@ -38,12 +38,8 @@ class SpecDecodeMixin:
     def run_spec_decode(self) -> None:
         r = self.spec.num_steps + 1
         # A step commits up to r tokens per request and then holds r new slots for the next one.
-        while not self.kv.ensure(r * len(self.running), r * len(self.running)):
-            if len(self.running) == 1:
-                req = self.running.pop()
-                self.finish(req, {"type": "abort", "message": "out of KV memory"})
-                return
-            self.retract_one()
+        if not self.make_room(r):
+            return
         reqs = list(self.running)
         starts = [q.kv_len for q in reqs]
         rows = self.kv.rows
