@@ -31,6 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "kernels")]
 
 from benchmark.fast_path import fast_path  # noqa: E402
+from sgl_inkling.model_executor.cuda_graph_runner import capture_forward  # noqa: E402
 from sgl_inkling.model_executor.forward_batch import ForwardBatch, ForwardMode  # noqa: E402
 from sgl_inkling.model_executor.model_loader import build_model  # noqa: E402
 from sgl_inkling.model_executor.model_runner import ModelRunner  # noqa: E402
@@ -201,42 +202,36 @@ def graph_layers_ms(runner: ModelRunner, static: ForwardBatch, steps: int) -> fl
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         layers()
+    return statistics.median(replay_ms(graph.replay, steps))
+
+
+def replay_ms(run, steps: int, refill=None) -> list[float]:
+    """CUDA-event time of `run()` (a graph replay), `steps` times; `refill()` first, untimed."""
     times = []
     for _ in range(steps):
+        if refill is not None:
+            refill()
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         a.record()
-        graph.replay()
+        run()
         b.record()
         torch.cuda.synchronize()
         times.append(a.elapsed_time(b))
-    return statistics.median(times)
+    return times
 
 
 def graph_step_ms(runner: ModelRunner, seqs: Seqs, rand_tokens, steps: int) -> tuple[list[float], float]:
     """Decode steps replayed from one CUDA graph: the captured batch's tensors are refilled per step.
     Also returns the layers-only graph time (graph_layers_ms) on the last batch."""
     static = seqs.batch(rand_tokens(1))
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):  # warm-up off the capture stream, as torch recommends
-        runner.forward(static)
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        runner.forward(static)
-    times = []
-    for _ in range(steps):
+    graph, _ = capture_forward(runner, static)
+
+    def refill() -> None:
         fresh = seqs.batch(rand_tokens(1))
         for name in BATCH_TENSORS:
             getattr(static, name).copy_(getattr(fresh, name))
-        a = torch.cuda.Event(enable_timing=True)
-        b = torch.cuda.Event(enable_timing=True)
-        a.record()
-        graph.replay()
-        b.record()
-        torch.cuda.synchronize()
-        times.append(a.elapsed_time(b))
-    return times, graph_layers_ms(runner, static, steps)
+
+    return replay_ms(graph.replay, steps, refill), graph_layers_ms(runner, static, steps)
 
 
 def run_batch(model, cfg, bsz: int, args, gen: torch.Generator, mode: str) -> dict:

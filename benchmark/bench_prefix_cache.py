@@ -22,14 +22,7 @@ import time
 from pathlib import Path
 
 import sglang
-
-
-def lcp(a: list[int], b: list[int]) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
+from sgl_inkling.mem_cache.radix_cache import common_prefix_len
 
 
 class Runner:
@@ -39,7 +32,7 @@ class Runner:
         self.cached = self.ideal = self.prompt_tokens = 0
 
     def ask(self, prompt: list[int], max_new: int = 8) -> list[int]:
-        ideal = max((lcp(prompt, h) for h in self.history), default=0)
+        ideal = max((common_prefix_len(prompt, h) for h in self.history), default=0)
         out = self.engine.generate(
             input_ids=prompt, sampling_params={"max_new_tokens": max_new, "temperature": 0, "ignore_eos": True}
         )

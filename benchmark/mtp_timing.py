@@ -19,6 +19,7 @@ from sgl_inkling.models.inkling.config import SLIDING
 from sgl_inkling.models.inkling.slice_config import NUM_FULL_MODEL_LAYERS, NUM_FULL_MODEL_SLIDING
 from sgl_inkling.speculative.levels import LevelSeq
 from sgl_inkling.speculative.mtp_worker import MTPWorker
+from sgl_inkling.speculative.verify_graphs import VerifyGraphRunner
 
 
 def chain_floor_bytes(model, cfg, bsz: int, seq_len: int, num_steps: int, nbytes) -> int:
@@ -133,38 +134,22 @@ def run_mtp(model, cfg, bsz: int, args, gen, h) -> dict:
             },
         })  # fmt: skip
     probe.remove()
-    verify_graph = verify_graph_ms(runner, worker, seqs, rand, k, args.decode_steps) if clock.cuda else None
+    verify_graph = verify_graph_ms(runner, worker, seqs, rand, k, args.decode_steps, h.replay_ms) if clock.cuda else None
     return {"batch_size": bsz, "num_steps": k, "verify_cuda_graph": verify_graph, "runs": out_runs}
 
 
-def verify_graph_ms(runner, worker, seqs, rand, k: int, steps: int) -> dict:
-    """The verify forward (K + 1 tokens per sequence, conv windows captured) replayed from a CUDA
-    graph; returns the median or the capture error."""
-    names = ("input_ids", "positions", "req_pool_indices", "prefix_lens", "extend_lens", "out_loc",
-             "out_loc_swa", "logits_indices")  # fmt: skip
+def verify_graph_ms(runner, worker, seqs, rand, k: int, steps: int, replay_ms) -> dict:
+    """Verify steps (K + 1 tokens per sequence) through the serving path's VerifyGraphRunner;
+    returns the median or the capture error."""
     try:
         bsz = len(seqs.rows)
-        static = seqs.batch(rand(k + 1), logits_counts=[k + 1] * bsz)
-        static.sconv_capture = worker.trunk_capture
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            runner.forward(static)
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            runner.forward_eager(static)
-        times = []
-        for _ in range(steps):
-            fresh = seqs.batch(rand(k + 1), logits_counts=[k + 1] * bsz)
-            for name in names:
-                getattr(static, name).copy_(getattr(fresh, name))
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            graph.replay()
-            b.record()
-            torch.cuda.synchronize()
-            times.append(a.elapsed_time(b))
+        graphs = VerifyGraphRunner(runner, k + 1, worker.trunk_capture, bsz)
+        current = []
+
+        def refill() -> None:
+            current[:] = [seqs.batch(rand(k + 1), logits_counts=[k + 1] * bsz)]
+
+        times = replay_ms(lambda: graphs.replay(current[0]), steps, refill)
         return {"ms": statistics.median(times), "error": None}
     except Exception as e:  # report it; the eager figures stand
         return {"ms": None, "error": f"{type(e).__name__}: {e}"[:500]}

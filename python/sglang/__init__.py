@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import importlib
 
+from sglang.lang.exports import API_NAMES
+
 __version__ = "0.1.0"
 
 # Public name -> module that defines it. Lazy: `import sglang` must stay cheap for the CLI and
@@ -15,31 +17,7 @@ _EXPORTS: dict[str, str] = {
     "ProgramState": "sglang.lang.state",
     "SglFunction": "sglang.lang.function",
     "global_config": "sglang.lang.global_config",
-    **{
-        name: "sglang.lang.api"
-        for name in (
-            "assistant",
-            "assistant_begin",
-            "assistant_end",
-            "audio",
-            "flush_cache",
-            "function",
-            "gen",
-            "gen_int",
-            "gen_string",
-            "get_server_info",
-            "image",
-            "select",
-            "set_default_backend",
-            "system",
-            "system_begin",
-            "system_end",
-            "user",
-            "user_begin",
-            "user_end",
-            "video",
-        )
-    },
+    **dict.fromkeys(API_NAMES, "sglang.lang.api"),
 }
 
 

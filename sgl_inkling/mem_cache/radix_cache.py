@@ -48,7 +48,7 @@ class MatchResult:
     ckpt: int | None  # conv checkpoint at c (None when c == 0)
 
 
-def _common(a: list[int], b: list[int]) -> int:
+def common_prefix_len(a: list[int], b: list[int]) -> int:
     n = min(len(a), len(b))
     i = 0
     while i < n and a[i] == b[i]:
@@ -93,7 +93,7 @@ class RadixCache:
             child = node.children.get(tokens[pos])
             if child is None:
                 break
-            n = _common(child.key, tokens[pos:])
+            n = common_prefix_len(child.key, tokens[pos:])
             if n < len(child.key):
                 child = self._split(child, n)
             node, pos = child, pos + n
@@ -114,7 +114,7 @@ class RadixCache:
             child = node.children.get(tokens[pos])
             if child is None:
                 break
-            n = _common(child.key, tokens[pos:])
+            n = common_prefix_len(child.key, tokens[pos:])
             pos += n
             if n < len(child.key):
                 break
@@ -165,7 +165,7 @@ class RadixCache:
                 node.children[tokens[pos]] = child
                 node, pos = child, len(tokens)
                 break
-            n = _common(child.key, tokens[pos:])
+            n = common_prefix_len(child.key, tokens[pos:])
             if n < len(child.key):
                 child = self._split(child, n)
             self._absorb(child, full[pos : pos + n], swa[pos : pos + n])

@@ -7,7 +7,8 @@ from collections.abc import Callable
 from typing import Any
 
 from sglang.lang.choices import ChoicesSamplingMethod, token_length_normalized
-from sglang.lang.function import SglFunction, function
+from sglang.lang.exports import API_NAMES
+from sglang.lang.function import SglFunction
 from sglang.lang.global_config import global_config
 from sglang.lang.interpreter import resolve_backend
 from sglang.lang.ir import (
@@ -170,26 +171,4 @@ def video(path: str, num_frames: int) -> SglExpr:
     raise MultimodalNotAvailableError("sgl.video: video input is not available in sglang-inkling")
 
 
-__all__ = [
-    "SglFunction",
-    "assistant",
-    "assistant_begin",
-    "assistant_end",
-    "audio",
-    "flush_cache",
-    "function",
-    "gen",
-    "gen_int",
-    "gen_string",
-    "get_server_info",
-    "image",
-    "select",
-    "set_default_backend",
-    "system",
-    "system_begin",
-    "system_end",
-    "user",
-    "user_begin",
-    "user_end",
-    "video",
-]
+__all__ = ["SglFunction", *API_NAMES]
