@@ -8,7 +8,7 @@ from typing import Any
 
 from sglang.lang.choices import ChoicesSamplingMethod, token_length_normalized
 from sglang.lang.exports import API_NAMES
-from sglang.lang.function import SglFunction
+from sglang.lang.function import SglFunction, function  # noqa: F401  (re-exported via API_NAMES)
 from sglang.lang.global_config import global_config
 from sglang.lang.interpreter import resolve_backend
 from sglang.lang.ir import (
