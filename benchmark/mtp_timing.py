@@ -4,8 +4,10 @@ tokens per second per user at forced acceptance lengths.
 Forced acceptance is a benchmark-only switch (MTPWorker.forced_accept): with dummy weights the
 depths' drafts are never right, so the accepted count is imposed to see what each length would
 give. Each step: the trunk verifies K + 1 tokens per sequence (one extend), the forced number is
-committed (the trunk's conv state restored from the captured windows, as serving does), then the
-depths consume the committed tokens plus the pending one and draft (DepthChain, as serving does).
+committed, and the draft step runs as serving runs it (DraftStep: the trunk's conv state restored
+from the captured windows, then every depth consumes the committed tokens, the pending one and the
+drafts before it, padded to fixed shapes). On CUDA both steps are also replayed from the serving
+path's graphs (VerifyGraphRunner with the greedy acceptance inside, DraftGraphRunner).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import torch
 from sgl_inkling.model_executor.model_runner import ModelRunner
 from sgl_inkling.models.inkling.config import SLIDING
 from sgl_inkling.models.inkling.slice_config import NUM_FULL_MODEL_LAYERS, NUM_FULL_MODEL_SLIDING
-from sgl_inkling.speculative.levels import LevelSeq
+from sgl_inkling.speculative.draft_graphs import DraftGraphRunner
 from sgl_inkling.speculative.mtp_worker import MTPWorker
 from sgl_inkling.speculative.verify_graphs import VerifyGraphRunner
 
@@ -50,6 +52,12 @@ def run_mtp(model, cfg, bsz: int, args, gen, h) -> dict:
         return torch.randint(0, cfg.unpadded_vocab_size, (bsz, n), generator=gen).tolist()
 
     runner.forward(seqs.batch(rand(args.input_len)))
+    draft_graphs = None
+    if clock.cuda:
+        try:
+            draft_graphs = DraftGraphRunner(worker.step, bsz)
+        except Exception as e:  # reported per run; the eager figures stand
+            draft_graphs = f"{type(e).__name__}: {e}"[:500]
     probe = h.Probe(model, clock)
     probe.keep_inputs = True
     n_layers = len(model.model.llm.layers)
@@ -69,18 +77,21 @@ def run_mtp(model, cfg, bsz: int, args, gen, h) -> dict:
             out = runner.forward(vb)
             b = clock.mark()
             n = worker.forced_counts(bsz)[0] + 1
-            for i, row in enumerate(seqs.rows):
-                worker.restore_trunk(row, n)
-                seqs.lens[i] = starts[i] + n
+            seqs.lens = [x + n for x in starts]
             # Slots for the tokens the depths consume past the verified ones (pending + drafts).
             seqs.extra_slots(starts, k + 1, n + k)
-            lseqs = [
-                LevelSeq(row, starts[i], rand(1)[0] * (n + 1), starts[i] + n,
-                         out.hidden[i * (k + 1) : i * (k + 1) + n], want_drafts=True)
-                for i, row in enumerate(seqs.rows)
-            ]  # fmt: skip
+            dev = vb.input_ids.device
+            step_args = (
+                torch.tensor(seqs.rows, device=dev),
+                torch.tensor(starts, device=dev),
+                torch.full((bsz,), n, device=dev),
+                torch.ones(bsz, dtype=torch.int64, device=dev),
+                vb.input_ids.view(bsz, k + 1),
+                torch.tensor([t[0] for t in rand(1)], device=dev),
+                out.hidden.view(bsz, k + 1, -1),
+            )
             c = clock.mark()
-            worker.chain.run(lseqs, pick_drafts=lambda d, idx, logits: logits.argmax(-1).tolist())
+            worker.step.run(*step_args, host_start=starts)
             e = clock.mark()
             clock.sync()
             if step < args.warmup_steps:
@@ -133,14 +144,40 @@ def run_mtp(model, cfg, bsz: int, args, gen, h) -> dict:
                 "floor_tok_per_s_per_user": tokens * 1e3 / (floor66 + chain_floor_ms),
             },
         })  # fmt: skip
+        if draft_graphs is not None:  # the last step's inputs, replayed (the state moves the same way each time)
+            out_runs[-1]["draft_chain_cuda_graph"] = graph_ms(draft_graphs, step_args, args.decode_steps, h.replay_ms)
     probe.remove()
     verify_graph = verify_graph_ms(runner, worker, seqs, rand, k, args.decode_steps, h.replay_ms) if clock.cuda else None
+    if verify_graph and verify_graph["ms"]:
+        for r in out_runs:
+            add_graph_extrapolation(r, verify_graph["ms"])
     return {"batch_size": bsz, "num_steps": k, "verify_cuda_graph": verify_graph, "runs": out_runs}
 
 
+def graph_ms(graphs, step_args, steps: int, replay_ms) -> dict:
+    """Median replay time of a DraftGraphRunner (or the capture error) on `step_args`."""
+    if isinstance(graphs, str):
+        return {"ms": None, "error": graphs}
+    try:
+        return {"ms": statistics.median(replay_ms(lambda: graphs.replay(*step_args), steps)), "error": None}
+    except Exception as e:  # report it; the eager figures stand
+        return {"ms": None, "error": f"{type(e).__name__}: {e}"[:500]}
+
+
+def add_graph_extrapolation(run: dict, verify_graph_ms: float) -> None:
+    """66 layers with both steps from graphs: the eager 66-layer verify scaled by graph/eager."""
+    chain = (run.get("draft_chain_cuda_graph") or {}).get("ms")
+    if chain is None:
+        return
+    e = run["extrapolated_66_layers"]
+    verify66 = e["verify_ms"] * verify_graph_ms / run["verify_ms"]
+    e["cuda_graph_step_ms"] = verify66 + chain
+    e["cuda_graph_tok_per_s_per_user"] = run["tokens_per_step"] * 1e3 / (verify66 + chain)
+
+
 def verify_graph_ms(runner, worker, seqs, rand, k: int, steps: int, replay_ms) -> dict:
-    """Verify steps (K + 1 tokens per sequence) through the serving path's VerifyGraphRunner;
-    returns the median or the capture error."""
+    """Verify steps (K + 1 tokens per sequence, greedy acceptance included) through the serving
+    path's VerifyGraphRunner; returns the median or the capture error."""
     try:
         bsz = len(seqs.rows)
         graphs = VerifyGraphRunner(runner, k + 1, worker.trunk_capture, bsz)
@@ -149,7 +186,9 @@ def verify_graph_ms(runner, worker, seqs, rand, k: int, steps: int, replay_ms) -
         def refill() -> None:
             current[:] = [seqs.batch(rand(k + 1), logits_counts=[k + 1] * bsz)]
 
-        times = replay_ms(lambda: graphs.replay(current[0]), steps, refill)
+        limits = torch.full((bsz,), k, device=runner.device)
+        forced = torch.full((bsz,), -1, device=runner.device)
+        times = replay_ms(lambda: graphs.replay(current[0], limits, forced), steps, refill)
         return {"ms": statistics.median(times), "error": None}
     except Exception as e:  # report it; the eager figures stand
         return {"ms": None, "error": f"{type(e).__name__}: {e}"[:500]}

@@ -42,7 +42,6 @@ class Req:
     grammar: Any = None  # RequestGrammar when the output is constrained
     # MTP speculative decoding (speculative/mtp_worker.py).
     kv_reserved: int = 0  # KV slots held past kv_len for the next verify's tokens
-    drafts: list[int] = field(default_factory=list)
     draft_masks: Any = None  # grammar bitmask per verify row, for constrained requests
     draft_limit: int = 0  # most drafts this request may accept in the next verify
     draft_open: bool = False  # the grammar still constrains the next draft

@@ -43,6 +43,21 @@ def model_sconv_bytes(model: InklingForCausalLM) -> int:
     return sum(4 * width * sum(chans) for chans in model.sconv_channels().values())
 
 
+def mtp_bytes_per_request(model: InklingForCausalLM, num_steps: int) -> int:
+    """MTP's per-request buffers (speculative/mtp_worker.py): the conv windows captured for
+    rollback (trunk layers over K + 1 verified tokens, depths over up to 2K + 1), the depths'
+    carried hidden states and the drafts."""
+    width = model.cfg.conv_kernel_size - 1
+    trunk = model.cfg.num_hidden_layers
+    total = 0
+    for layer, chans in model.sconv_channels().items():
+        if layer < trunk:
+            total += 4 * (width + num_steps + 1) * sum(chans)
+        elif layer < trunk + num_steps:
+            total += 4 * (width + 2 * num_steps + 1) * sum(chans)
+    return total + 4 * num_steps * model.cfg.hidden_size + 8 * num_steps
+
+
 def _free_bytes(device: torch.device) -> int:
     if device.type == "cuda":
         return torch.cuda.mem_get_info(device)[0]
@@ -65,6 +80,9 @@ def size_pools(model: InklingForCausalLM, args, context_len: int) -> PoolSizes:
         # What is left after the weights (already resident) goes to KV; sliding KV is bounded below.
         budget = int(_free_bytes(device) * fraction)
         ckpt_bytes = (2 if on_cuda else 4) * running * model_sconv_bytes(model)
+        if args.speculative_algorithm:
+            steps = args.speculative_num_steps or model.num_mtp_layers
+            ckpt_bytes += (running + 1) * mtp_bytes_per_request(model, steps)
         swa_reserve = running * (window + 1) * swa_b + ckpt_bytes
         total = max(1, (budget - swa_reserve) // max(1, full_b + swa_b))
         if not on_cuda:

@@ -10,7 +10,6 @@ from sgl_inkling.constrained.scheduler_hooks import after_token
 from sgl_inkling.managers.schedule_batch import Req
 from sgl_inkling.model_executor.forward_batch import ForwardBatch, ForwardMode
 from sgl_inkling.sampling.sampling_batch_info import SamplingBatchInfo
-from sgl_inkling.speculative.acceptance import accept_drafts
 
 logger = logging.getLogger(__name__)
 
@@ -43,9 +42,10 @@ class SpecDecodeMixin:
         reqs = list(self.running)
         starts = [q.kv_len for q in reqs]
         rows = self.kv.rows
+        ids = self.spec.verify_ids(reqs)
         fb = ForwardBatch.build(
             ForwardMode.EXTEND,
-            [[q.fill_ids[q.kv_len]] + q.drafts for q in reqs],
+            [[0] * r for _ in reqs],  # the tokens are `ids`, already on the device
             [q.row for q in reqs],
             starts,
             torch.cat([rows.read("full", q.row, q.kv_len, q.kv_len + r) for q in reqs]).tolist(),
@@ -53,22 +53,18 @@ class SpecDecodeMixin:
             self.runner.device,
             logits_counts=[r] * len(reqs),
         )
-        out = self.spec.forward_verify(fb)
-        logits = out.logits.float().view(len(reqs), r, -1)
-        raw = logits.clone() if any(q.return_logprob for q in reqs) else None
-        self.spec.verify_masks(reqs, logits)
+        fb.input_ids = ids.reshape(-1)
         fallback = [i for i, q in enumerate(reqs) if _needs_plain_sampling(q)]
         limits = [0 if i in fallback else q.draft_limit for i, q in enumerate(reqs)]
-        cands = accept_drafts(
-            logits, [q.drafts for q in reqs], [q.sampling_params for q in reqs], limits,
-            forced=self.spec.forced_counts(len(reqs)),
-        )  # fmt: skip
+        keep_raw = any(q.return_logprob for q in reqs)
+        out, logits, raw, acc = self.spec.verify(fb, ids, reqs, limits, keep_raw)
+        cands = acc.to_host()  # the step's one read from the device
         if fallback:
             toks = self._sample_rows([reqs[i] for i in fallback], logits[fallback, 0])
             for i, tok in zip(fallback, toks):
                 cands[i] = [tok]
 
-        hidden = []
+        kept = []
         for i, req in enumerate(reqs):
             n = 0
             for tok in cands[i]:
@@ -76,17 +72,16 @@ class SpecDecodeMixin:
                 n += 1
                 if req.finished:
                     break
+            kept.append(n)
             req.kv_len += n
             req.kv_reserved -= n
-            self.spec.restore_trunk(req.row, n)
-            hidden.append(out.hidden[i * r : i * r + n])
             req.spec_verify_ct += 1
             req.spec_accepted_drafts += n - 1
             self.spec.num_verify_steps += 1
             self.spec.num_verify_tokens += n
             if not req.finished and not self.kv.reserve(req, r):  # ensured above: cannot happen
                 raise RuntimeError("KV slots for the next verify vanished after ensure()")
-        self.spec.draft(reqs, starts, hidden)
+        self.spec.commit(reqs, starts, kept, ids, out.hidden)
         for req in reqs:
             self.kv.release_window(req)  # after drafting: the depths re-read the window from `starts`
             if req.finished:

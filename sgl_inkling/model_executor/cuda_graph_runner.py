@@ -9,6 +9,8 @@ the graph syncs with the host (the triton attention backend and the fused kernel
 from __future__ import annotations
 
 import bisect
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -44,19 +46,23 @@ _BUCKETS = (
 _FIELDS = ("input_ids", "positions", "req_pool_indices", "prefix_lens", "out_loc", "out_loc_swa")
 
 
-def capture_forward(runner, batch: ForwardBatch, pool=None) -> tuple[torch.cuda.CUDAGraph, ModelOutput]:
-    """Warm up (kernel compilation, autotuning) off the capture stream, then capture one forward.
-    Keep the batch alive with the graph: the graph reads its tensors by address."""
+def capture_graph(fn: Callable[[], Any], pool=None) -> tuple[torch.cuda.CUDAGraph, Any]:
+    """Warm up `fn` (kernel compilation, autotuning) off the capture stream, then capture one call.
+    Keep its inputs alive with the graph: the graph reads them by address."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
         for _ in range(2):
-            runner.forward_eager(batch)
+            fn()
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph, pool=pool):
-        out = runner.forward_eager(batch)
+        out = fn()
     return graph, out
+
+
+def capture_forward(runner, batch: ForwardBatch, pool=None) -> tuple[torch.cuda.CUDAGraph, ModelOutput]:
+    return capture_graph(lambda: runner.forward_eager(batch), pool)
 
 
 class CudaGraphRunner:

@@ -6,10 +6,13 @@ pending token x_q and drafts d_1..d_K:
 2. accept (acceptance.py): a drafts and one trunk token, truncated where the request finishes;
    the trunk's conv state is restored to just after the n consumed tokens that were kept, and the
    KV of rejected drafts stays in slots the request owns (overwritten later);
-3. draft (levels.py): every depth consumes the newly committed tokens, then speculatively the new
-   pending token and the drafts of the depths before it; depth d's logits give draft d + 1.
+3. draft: every depth consumes the newly committed tokens, then speculatively the new pending
+   token and the drafts of the depths before it; depth d's logits give draft d + 1. DraftStep
+   (draft_step.py) does it at fixed shapes, replayed from CUDA graphs when they are on; DepthChain
+   (levels.py) does it for prompts, grammar-constrained drafts and the other ragged cases.
 Each depth is restored to its commit point afterwards, so after every step the trunk and all
-depths hold exactly the state of the accepted tokens.
+depths hold exactly the state of the accepted tokens. Drafts stay on the device (`draft_buf`, per
+request row) until the next verify reads them; a step reads back only the acceptance decisions.
 """
 
 from __future__ import annotations
@@ -19,9 +22,12 @@ import xgrammar as xgr
 
 from sgl_inkling.managers.schedule_batch import Req
 from sgl_inkling.model_executor.model_runner import ModelRunner
+from sgl_inkling.sampling.host_copy import to_device
+from sgl_inkling.speculative.acceptance import greedy_accept, sample_accept
+from sgl_inkling.speculative.draft_step import DraftStep
 from sgl_inkling.speculative.levels import DepthChain, LevelSeq
 
-VERIFY_GRAPH_MAX_BS = 64  # larger verify batches run eagerly (they are compute-bound anyway)
+GRAPH_MAX_BS = 64  # larger speculative batches run eagerly (they are compute-bound anyway)
 
 
 class MTPWorker:
@@ -48,16 +54,25 @@ class MTPWorker:
         # A depth consumes up to K + 1 committed tokens, the pending one and K - 1 drafts per step.
         depth_capture = {trunk + d: buffers(trunk + d, 2 * num_steps + 1) for d in range(num_steps)}
         self.chain = DepthChain(runner, num_steps, self.carry, depth_capture)
-        self.verify_graphs = None
-        if runner.graphs is not None:  # CUDA graphs on: verify steps replay per batch bucket too
+        self.draft_buf = torch.zeros(pool.size, num_steps, dtype=torch.int64, device=runner.device)
+        self.step = DraftStep(runner, num_steps, self.carry, self.trunk_capture, depth_capture, self.draft_buf)
+        self.verify_graphs = self.draft_graphs = None
+        # DraftStep pads every request to the longest case: worth it only where it replaces launch
+        # overhead (CUDA graphs); the ragged DepthChain does less work everywhere else. Tests set it.
+        self.fixed_shapes = False
+        if runner.graphs is not None:  # CUDA graphs on: verify and draft steps replay per batch bucket too
+            from sgl_inkling.speculative.draft_graphs import DraftGraphRunner
             from sgl_inkling.speculative.verify_graphs import VerifyGraphRunner
 
-            max_bs = min(VERIFY_GRAPH_MAX_BS, runner.graphs.buckets[-1])
+            max_bs = min(GRAPH_MAX_BS, runner.graphs.buckets[-1])
             self.verify_graphs = VerifyGraphRunner(runner, num_steps + 1, self.trunk_capture, max_bs)
+            self.draft_graphs = DraftGraphRunner(self.step, max_bs)
+            self.fixed_shapes = True
         self.forced_accept: float | None = None  # benchmark-only switch (bench_one_batch --mtp-force-accept)
         self._forced_credit = 0.0
         self.num_verify_steps = 0
         self.num_verify_tokens = 0  # tokens emitted by verify steps (accepted drafts + one each)
+        self.num_fixed_shape_steps = 0  # draft steps DraftStep ran (the rest ran DepthChain)
 
     # ---------------------------------------------------------------- prefill
 
@@ -92,9 +107,10 @@ class MTPWorker:
             seqs.append(LevelSeq(req.row, start, tokens, req.kv_len, h, want_drafts=not req.finished))
         open_grammars = self._start_grammars(reqs)
         drafts = self.chain.run(seqs, pick_drafts=lambda d, idx, logits: self._pick(reqs, d, idx, logits))
-        for req, ds in zip(reqs, drafts):
-            if not req.finished:
-                req.drafts = ds
+        live = [i for i, req in enumerate(reqs) if not req.finished]
+        if live:
+            rows = to_device([reqs[i].row for i in live], torch.int64, self.runner.device)
+            self.draft_buf[rows] = to_device([drafts[i] for i in live], torch.int64, self.runner.device)
         for req in open_grammars:
             req.grammar.rollback(req.draft_tentative)
             req.draft_tentative = 0
@@ -140,17 +156,41 @@ class MTPWorker:
 
     # ---------------------------------------------------------------- verify
 
-    def forward_verify(self, batch):
-        """The trunk over [pending token, drafts] of every request, conv windows captured."""
-        batch.sconv_capture = self.trunk_capture
-        if self.verify_graphs is not None and self.verify_graphs.can_run(batch):
-            return self.verify_graphs.replay(batch)
-        return self.runner.forward(batch)
+    def verify_ids(self, reqs: list[Req]) -> torch.Tensor:
+        """[B, K + 1] on the device: each request's pending token, then its drafts."""
+        dev = self.runner.device
+        rows = to_device([q.row for q in reqs], torch.int64, dev)
+        pending = to_device([q.fill_ids[q.kv_len] for q in reqs], torch.int64, dev)
+        return torch.cat([pending[:, None], self.draft_buf[rows]], dim=1)
 
-    def verify_masks(self, reqs: list[Req], logits: torch.Tensor) -> None:
-        """Apply each constrained request's per-row masks to its verify logits [B, K + 1, V]."""
+    def verify(self, batch, ids: torch.Tensor, reqs: list[Req], limits: list[int], keep_raw: bool):
+        """The trunk over [pending token, drafts] of every request (conv windows captured), and
+        the acceptance decisions. Returns (trunk output, logits [B, K + 1, V] with grammar masks
+        applied, the logits before the masks when keep_raw, acceptance.Accepted)."""
+        b, r, dev = len(reqs), self.num_steps + 1, self.runner.device
+        batch.sconv_capture = self.trunk_capture
+        forced = self.forced_counts(b)
+        limits_t = to_device(limits, torch.int64, dev)
+        forced_t = to_device(forced if forced is not None else [-1] * b, torch.int64, dev)
+        acc = None
+        if self.verify_graphs is not None and self.verify_graphs.can_run(batch):
+            out, acc = self.verify_graphs.replay(batch, limits_t, forced_t)
+        else:
+            out = self.runner.forward(batch)
+        logits = out.logits.view(b, r, -1)
+        raw = logits.clone() if keep_raw else None
+        masked = self.verify_masks(reqs, logits)
+        if forced is None and not all(q.sampling_params.is_greedy for q in reqs):
+            acc = sample_accept(logits, ids, [q.sampling_params for q in reqs], limits_t)
+        elif acc is None or masked:
+            acc = greedy_accept(logits, ids, limits_t, forced_t)
+        return out, logits, raw, acc
+
+    def verify_masks(self, reqs: list[Req], logits: torch.Tensor) -> bool:
+        """Apply each constrained request's per-row masks to its verify logits [B, K + 1, V];
+        whether there were any."""
         if self.grammar is None:
-            return
+            return False
         r = self.num_steps + 1
         rows, parts = [], []
         for i, req in enumerate(reqs):
@@ -160,11 +200,50 @@ class MTPWorker:
             rows.extend(i * r + j for j in range(n))
             parts.append(req.draft_masks[:n])
         if not rows:
-            return
+            return False
         flat = logits.view(-1, logits.shape[-1])
         full = torch.full((flat.shape[0], parts[0].shape[1]), -1, dtype=parts[0].dtype)
         full[rows] = torch.cat(parts)
         self.grammar.masker._apply_kernel(flat, full.to(flat.device), rows)
+        return True
+
+    # ---------------------------------------------------------------- commit and draft
+
+    def commit(self, reqs: list[Req], starts: list[int], kept: list[int], ids: torch.Tensor, hidden: torch.Tensor):
+        """After a verify whose first kept[i] tokens each request keeps (kv_len already moved on):
+        roll the trunk back to them, let every depth consume them and draft the next tokens."""
+        b, r, dev = len(reqs), self.num_steps + 1, self.runner.device
+        rows = to_device([q.row for q in reqs], torch.int64, dev)
+        n = to_device(kept, torch.int64, dev)
+        if not self._draft_step_covers(reqs, starts):
+            self.step.restore(self.trunk_capture.items(), rows, n)
+            self.draft(reqs, starts, [hidden[i * r : i * r + k] for i, k in enumerate(kept)])
+            return
+        self._start_grammars(reqs)  # resets the per-step draft fields; no grammar constrains these drafts
+        args = (
+            rows,
+            to_device(starts, torch.int64, dev),
+            n,
+            to_device([0 if q.finished else 1 for q in reqs], torch.int64, dev),
+            ids,
+            to_device([0 if q.finished else q.fill_ids[q.kv_len] for q in reqs], torch.int64, dev),
+            hidden.view(b, r, -1),
+        )
+        self.num_fixed_shape_steps += 1
+        if self.draft_graphs is not None:
+            self.draft_graphs.replay(*args)
+        else:
+            self.step.run(*args, host_start=starts)
+
+    def _draft_step_covers(self, reqs: list[Req], starts: list[int]) -> bool:
+        """DraftStep covers the batch: it is on and fits the graphs, no grammar picks drafts, every
+        request is past the tokens the depths skip, and the padded tokens stay inside the tables."""
+        if not self.fixed_shapes or (self.draft_graphs is not None and len(reqs) > self.draft_graphs.max_bs):
+            return False
+        if any(q.grammar is not None and q.grammar.active and not q.finished for q in reqs):
+            return False
+        limit = self.runner.req_to_token.max_context_len
+        return min(starts) >= self.step.min_start() and max(self.step.max_token(s) for s in starts) < limit
 
     def forced_counts(self, n: int) -> list[int] | None:
         """Benchmark-only: accept lengths averaging `forced_accept` tokens per step (e.g. 2.5 gives
@@ -176,13 +255,6 @@ class MTPWorker:
         self._forced_credit -= a
         return [a] * n
 
-    def restore_trunk(self, row: int, consumed: int) -> None:
-        """Trunk conv state after the first `consumed` tokens of the verify forward."""
-        pool = self.runner.sconv_pool
-        for layer, caps in self.trunk_capture.items():
-            for state, cap in zip(pool.states[layer], caps):
-                state[row] = cap[row, consumed : consumed + pool.width]
-
     def stats(self) -> dict[str, float]:
         steps = self.num_verify_steps
         return {
@@ -190,4 +262,6 @@ class MTPWorker:
             "spec_verify_steps": steps,
             "avg_spec_accept_length": self.num_verify_tokens / steps if steps else 0.0,
             "spec_verify_cuda_graph": self.verify_graphs is not None,
+            "spec_draft_cuda_graph": self.draft_graphs is not None,
+            "spec_fixed_shape_draft_steps": self.num_fixed_shape_steps,
         }

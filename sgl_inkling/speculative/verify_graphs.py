@@ -1,7 +1,9 @@
 """MTP verify steps replayed from CUDA graphs, one per batch-size bucket.
 
 A verify step is an extend of exactly K + 1 tokens per request with every row's logits and the
-trunk's conv windows captured (for rollback), so its shapes depend on the bucket only. Padded
+trunk's conv windows captured (for rollback), so its shapes depend on the bucket only. The greedy
+acceptance rule runs in the same graph (from static draft limits and the benchmark's forced
+counts); sampled or grammar-masked batches judge the graph's logits outside it. Padded
 requests use the runner's reserved row with no prefix and the padding KV slot 0, as in decode.
 The graphs share one memory pool (captured largest first): a verify's outputs are consumed before
 the next verify replays, and [K + 1 tokens x vocabulary] logits per request make separate pools
@@ -14,12 +16,14 @@ import bisect
 
 import torch
 
-from sgl_inkling.model_executor.cuda_graph_runner import _BUCKETS, capture_forward
+from sgl_inkling.model_executor.cuda_graph_runner import _BUCKETS, capture_graph
 from sgl_inkling.model_executor.forward_batch import ForwardBatch, ForwardMode
 from sgl_inkling.models.inkling.model import ModelOutput
+from sgl_inkling.speculative.acceptance import Accepted, greedy_accept
 
 _PER_TOKEN = ("input_ids", "positions", "out_loc", "out_loc_swa")
 _PER_REQ = ("req_pool_indices", "prefix_lens")
+_ACCEPT = ("limits", "forced")  # per request: most drafts it may accept; forced count or -1
 
 
 class VerifyGraphRunner:
@@ -31,10 +35,10 @@ class VerifyGraphRunner:
         self.pad_row = runner.req_to_token.pad_row
         n, dev = self.buckets[-1], runner.device
         self.static = {f: torch.zeros(n * self.r, dtype=torch.int64, device=dev) for f in _PER_TOKEN}
-        self.static.update({f: torch.zeros(n, dtype=torch.int64, device=dev) for f in _PER_REQ})
+        self.static.update({f: torch.zeros(n, dtype=torch.int64, device=dev) for f in _PER_REQ + _ACCEPT})
         self.static["req_pool_indices"].fill_(self.pad_row)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
-        self.outputs: dict[int, ModelOutput] = {}
+        self.outputs: dict[int, tuple[ModelOutput, Accepted]] = {}
         self.batches: dict[int, ForwardBatch] = {}
         self.pool = torch.cuda.graph_pool_handle()
         for bs in reversed(self.buckets):
@@ -59,8 +63,15 @@ class VerifyGraphRunner:
         return batch
 
     def _capture(self, bs: int) -> None:
-        batch = self._batch(bs)
-        graph, out = capture_forward(self.runner, batch, self.pool)
+        batch, s = self._batch(bs), self.static
+
+        def step() -> tuple[ModelOutput, Accepted]:
+            out = self.runner.forward_eager(batch)
+            ids = s["input_ids"][: bs * self.r].view(bs, self.r)
+            logits = out.logits.view(bs, self.r, -1)
+            return out, greedy_accept(logits, ids, s["limits"][:bs], s["forced"][:bs])
+
+        graph, out = capture_graph(step, self.pool)
         self.graphs[bs], self.outputs[bs], self.batches[bs] = graph, out, batch
 
     def can_run(self, batch: ForwardBatch) -> bool:
@@ -71,7 +82,8 @@ class VerifyGraphRunner:
             and not batch.sconv_snapshots
         )
 
-    def replay(self, batch: ForwardBatch) -> ModelOutput:
+    def replay(self, batch: ForwardBatch, limits: torch.Tensor, forced: torch.Tensor) -> tuple[ModelOutput, Accepted]:
+        """The trunk's outputs and the greedy decisions (limits, forced: [B] on the device)."""
         bs = batch.batch_size
         bucket = self.buckets[bisect.bisect_left(self.buckets, bs)]
         s, t, end = self.static, bs * self.r, bucket * self.r
@@ -79,6 +91,8 @@ class VerifyGraphRunner:
             s[f][:t].copy_(getattr(batch, f))
         for f in _PER_REQ:
             s[f][:bs].copy_(getattr(batch, f))
+        s["limits"][:bs].copy_(limits)
+        s["forced"][:bs].copy_(forced)
         if bucket > bs:  # padded requests: the reserved row, no prefix, the padding slot
             for f in _PER_TOKEN:
                 s[f][t:end] = 0
@@ -86,5 +100,5 @@ class VerifyGraphRunner:
             s["prefix_lens"][bs:bucket] = 0
             s["req_pool_indices"][bs:bucket] = self.pad_row
         self.graphs[bucket].replay()
-        out = self.outputs[bucket]
-        return ModelOutput(logits=out.logits[:t], hidden=out.hidden[:t])
+        out, acc = self.outputs[bucket]
+        return ModelOutput(logits=out.logits[:t], hidden=out.hidden[:t]), Accepted(acc.lengths[:bs], acc.tokens[:bs])

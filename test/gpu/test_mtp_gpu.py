@@ -1,5 +1,7 @@
 """MTP on the GPU: greedy output with MTP equals greedy output without it (inkling-tiny-draftable and
 inkling-slice with dummy weights; batch 1 and 32; radix cache on and off; a JSON-schema grammar).
+Verify (with greedy acceptance) and the draft step replay from CUDA graphs; grammar-constrained
+batches draft through the eager chain.
 
 In float32 the outputs must be identical. In bfloat16 the verify forward (K + 1 tokens per
 sequence, extend kernels) and plain decode (decode kernels) round differently, so a sequence may
@@ -62,7 +64,11 @@ def _check_model(label: str, path: str, jobs: dict, exact: bool, **server) -> No
             _compare(case, ref[name], got[name], exact)
             REPORT[case]["avg_spec_accept_length"] = info["avg_spec_accept_length"]
             REPORT[case]["verify_cuda_graph"] = info["spec_verify_cuda_graph"]
+            REPORT[case]["draft_cuda_graph"] = info["spec_draft_cuda_graph"]
+            REPORT[case]["fixed_shape_draft_steps"] = info["spec_fixed_shape_draft_steps"]
+            REPORT[case]["verify_steps"] = info["spec_verify_steps"]
         assert info["spec_verify_cuda_graph"], "CUDA graphs are on by default: verify must replay from them"
+        assert info["spec_draft_cuda_graph"] and info["spec_fixed_shape_draft_steps"] > 0, "draft steps must replay too"
         for g in got.get("json_schema", []):
             assert json.loads(g["text"]).keys() == {"nm", "st"}
 

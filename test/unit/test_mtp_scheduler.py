@@ -50,7 +50,17 @@ def step(s: Scheduler) -> None:
     s.outbox.clear()  # nobody reads the output socket here
 
 
-def test_state_after_rejections_equals_fresh_prefill(sched):
+@pytest.fixture(params=[False, True], ids=["ragged-chain", "fixed-shape-step"])
+def draft_path(sched, request):
+    """Draft with DepthChain (CPU default) or DraftStep (what CUDA graphs replay)."""
+    sched.spec.fixed_shapes = request.param
+    before = sched.spec.num_fixed_shape_steps
+    yield request.param
+    sched.spec.fixed_shapes = False
+    assert (sched.spec.num_fixed_shape_steps > before) == request.param
+
+
+def test_state_after_rejections_equals_fresh_prefill(sched, draft_path):
     s = sched
     a = submit(s, "a", random_prompt(37, seed=11), temperature=0.8, top_k=4, max_new_tokens=400)
     while len(a.output_ids) < 70:
@@ -82,6 +92,30 @@ def test_state_after_rejections_equals_fresh_prefill(sched):
         kb, vb = pool.buffers(spec.layer_id)
         assert torch.equal(kb[sa], kb[sb]) and torch.equal(vb[sa], vb[sb]), f"KV of layer {spec.layer_id}"
     s.abort("")
+    assert s.kv.full.available == s.kv.full.num_slots and s.kv.swa.available == s.kv.swa.num_slots
+
+
+def test_fixed_shape_drafts_equal_the_ragged_chain(sched):
+    """Greedy acceptance depends on the drafts only: the same outputs, verify steps and accepted
+    drafts per request mean DraftStep drafted exactly what DepthChain drafts. The batch mixes
+    lengths, and requests reach max_new_tokens inside a step's accepted drafts."""
+    s = sched
+    prompts = [random_prompt(n, seed=40 + n) for n in (9, 23, 31, 50)]
+
+    def run(fixed: bool) -> list[tuple]:
+        s.spec.fixed_shapes = fixed
+        reqs = [submit(s, f"g{fixed}{i}", p, temperature=0, max_new_tokens=24 + 5 * i) for i, p in enumerate(prompts)]
+        while any(not r.finished for r in reqs):
+            step(s)
+        s.spec.fixed_shapes = False
+        return [(r.output_ids, r.spec_verify_ct, r.spec_accepted_drafts) for r in reqs]
+
+    ragged = run(False)
+    before = s.spec.num_fixed_shape_steps
+    fixed = run(True)
+    assert s.spec.num_fixed_shape_steps > before
+    assert sum(x[2] for x in ragged) > 20, "drafts should be accepted often enough to matter"
+    assert fixed == ragged
     assert s.kv.full.available == s.kv.full.num_slots and s.kv.swa.available == s.kv.swa.num_slots
 
 
@@ -133,3 +167,13 @@ def test_rejection_sampling_keeps_the_distribution(sched):
     assert chisquare(obs, exp).pvalue > 1e-3, list(zip(obs, exp))
     assert list(itertools.chain(*(r.output_ids for r in reqs)))  # nothing empty
     s.abort("")
+
+
+def test_mtp_buffers_are_counted_in_pool_sizing(sched):
+    """size_pools sets aside what MTPWorker really allocates per request row."""
+    from sgl_inkling.managers.scheduler_memory import mtp_bytes_per_request
+
+    w = sched.spec
+    buffers = [t for caps in (*w.trunk_capture.values(), *w.chain.capture.values()) for t in caps]
+    allocated = sum(t.numel() * t.element_size() for t in [*buffers, w.carry, w.draft_buf])
+    assert allocated == sched.runner.sconv_pool.size * mtp_bytes_per_request(sched.runner.model, w.num_steps)

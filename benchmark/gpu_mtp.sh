@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Issue 8's figures on one H200 in one call from the project root (at most 9 minutes):
+#   1. test/gpu/test_mtp_gpu.py: greedy output with MTP (verify and draft steps replayed from CUDA
+#      graphs) equals greedy output without it; the figures go to $OUT/mtp_gpu_equality.json,
+#   2. bench_one_batch --mtp on inkling-slice (dummy weights) at batch 1 and 64: the verify step and
+#      the draft chain, eager and from their CUDA graphs, against their floors, at forced acceptance
+#      lengths 1/2.5/4.5/9 (benchmark only), extrapolated to 66 layers,
+# then the MTP tables. The machine has no .git: pass GIT_COMMIT=<sha>. Exit status: non-zero if any
+# stage failed (all still run).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+START=$SECONDS
+OUT="${OUT:-$PWD/benchmark/results/gpu_mtp}"
+mkdir -p "$OUT"
+PY="${PYTHON:-python3}"
+export PYTHONPATH="$PWD/kernels:$PWD/python:$PWD${PYTHONPATH:+:$PYTHONPATH}"
+status=0
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
+echo "git commit: ${GIT_COMMIT:-unknown}" | tee -a "$OUT/gpu.txt"
+
+stage() {
+  local name=$1 limit=$2
+  shift 2
+  echo "== $name (limit ${limit} s, $((SECONDS - START)) s used)"
+  timeout -k 15 "$limit" "$@" >"$OUT/$name.log" 2>&1
+  local rc=$?
+  tail -12 "$OUT/$name.log"
+  [ $rc -eq 0 ] || { echo "!! $name failed with status $rc (see $OUT/$name.log)"; status=1; }
+}
+
+for bs in 1 64; do
+  stage "bench_one_batch_bs$bs" 130 "$PY" benchmark/bench_one_batch.py --config slice --batch-size "$bs" --mtp \
+    --input-len 1024 --decode-steps 10 --prefill-repeats 1 --fast-path kernels --cuda-graph \
+    --result-file "$OUT/bench_one_batch_mtp_inkling-slice_bs$bs.json"
+done
+
+MTP_GPU_REPORT="$OUT/mtp_gpu_equality.json" stage test_mtp_gpu "${TEST_LIMIT_S:-270}" \
+  "$PY" -m pytest -q -x -p no:cacheprovider test/gpu/test_mtp_gpu.py
+
+echo "== done ($((SECONDS - START)) s)"
+exit $status

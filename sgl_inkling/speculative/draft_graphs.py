@@ -1,0 +1,63 @@
+"""DraftStep replayed from CUDA graphs, one per batch-size bucket.
+
+Padded requests use the runner's reserved row: no drafts wanted (live 0), one kept token, a start
+past the tokens depths skip; their KV goes to the padding slot 0 and their conv and carried state
+to the reserved row, as in decode graphs. All buckets share one memory pool (captured largest
+first): a step's results live in the state pools and `draft_buf`, not in graph outputs.
+"""
+
+from __future__ import annotations
+
+import bisect
+
+import torch
+
+from sgl_inkling.model_executor.cuda_graph_runner import _BUCKETS, capture_graph
+from sgl_inkling.speculative.draft_step import DraftStep
+
+_PER_REQ = ("rows", "start", "n", "live", "pending")
+
+
+class DraftGraphRunner:
+    def __init__(self, step: DraftStep, max_bs: int):
+        self.step = step
+        runner = step.runner
+        self.buckets = [b for b in _BUCKETS if b < max_bs] + [max_bs]
+        self.pad_row = runner.req_to_token.pad_row
+        n, r, dev = self.buckets[-1], step.k + 1, runner.device
+        self.static = {f: torch.zeros(n, dtype=torch.int64, device=dev) for f in _PER_REQ}
+        self.static["ids"] = torch.zeros(n, r, dtype=torch.int64, device=dev)
+        self.static["hidden"] = torch.zeros(n, r, runner.model.cfg.hidden_size, dtype=runner.dtype, device=dev)
+        self._pad(0, n)
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.pool = torch.cuda.graph_pool_handle()
+        for bs in reversed(self.buckets):
+            self.graphs[bs], _ = capture_graph(lambda bs=bs: self._run(bs), self.pool)
+
+    @property
+    def max_bs(self) -> int:
+        return self.buckets[-1]
+
+    def _pad(self, lo: int, hi: int) -> None:
+        s = self.static
+        s["rows"][lo:hi] = self.pad_row
+        s["start"][lo:hi] = self.step.min_start()
+        s["n"][lo:hi] = 1
+        s["live"][lo:hi] = 0
+
+    def _run(self, bs: int) -> None:
+        s = self.static
+        self.step.run(*(s[f][:bs] for f in ("rows", "start", "n", "live", "ids", "pending", "hidden")))
+
+    def replay(self, rows, start, n, live, ids, pending, hidden) -> None:
+        """Same arguments as DraftStep.run (device tensors, batch size <= max_bs)."""
+        bs = rows.shape[0]
+        bucket = self.buckets[bisect.bisect_left(self.buckets, bs)]
+        s = self.static
+        for f, x in (("rows", rows), ("start", start), ("n", n), ("live", live), ("pending", pending)):
+            s[f][:bs].copy_(x)
+        s["ids"][:bs].copy_(ids)
+        s["hidden"][:bs].copy_(hidden)
+        if bucket > bs:
+            self._pad(bs, bucket)
+        self.graphs[bucket].replay()

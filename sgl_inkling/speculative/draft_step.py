@@ -1,0 +1,104 @@
+"""The part of a speculative step after acceptance, at fixed shapes (capturable in a CUDA graph).
+
+After a verify of [x_q, d_1..d_K] at tokens q..q+K of which the first n were kept (n = accepted
+drafts + 1; fewer when the request finished), with pending token p (the trunk's extra token):
+1. the trunk's conv state goes back to just after those n tokens (from the verify's windows);
+2. depth d consumes tokens q..q+n-1 (committed), p and drafts 1..d of this step (speculative):
+   n + 1 + d real tokens, padded to T_d = K + 2 + d per request so every shape depends on the
+   batch size only. Padding comes after the real tokens, so causal attention and the causal conv
+   keep it out of the real rows; its KV goes to the padding slot 0. Depth d's logits at its last
+   real token give draft d + 1, which becomes a real token of depth d + 1;
+3. each depth's conv state is restored to its commit point (after the n committed tokens) and its
+   carried input becomes the lower level's output for token q + n - 1.
+This is the same computation as levels.DepthChain for the step (which the eager paths use: prefill,
+grammar-constrained drafts), arranged so that no count reaches the host: the drafts land in
+`draft_buf[row]`, where the next verify reads them.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from sgl_inkling.model_executor.forward_batch import ForwardBatch, ForwardMode
+
+
+class DraftStep:
+    def __init__(self, runner, num_steps: int, carry, trunk_capture: dict, depth_capture: dict, draft_buf):
+        self.runner = runner
+        self.k = num_steps
+        self.carry = carry  # [rows, K, H] fp32
+        self.trunk_capture = trunk_capture
+        self.depth_capture = depth_capture
+        self.draft_buf = draft_buf  # [rows, K] int64
+        self.trunk_layers = runner.model.cfg.num_hidden_layers
+
+    def min_start(self) -> int:
+        """Depth d never consumes tokens 0..d: every request must be past them (else: DepthChain)."""
+        return self.k + 1
+
+    def max_token(self, start: int) -> int:
+        """The last table column a step starting at `start` touches, padding included."""
+        return start + 2 * self.k + 1
+
+    def run(
+        self,
+        rows: torch.Tensor,  # [B] request rows
+        start: torch.Tensor,  # [B] committed length before the verify (q)
+        n: torch.Tensor,  # [B] verified tokens kept, 1..K+1
+        live: torch.Tensor,  # [B] 1 if the request goes on (drafts wanted), 0 if it finished
+        ids: torch.Tensor,  # [B, K + 1] the verified tokens
+        pending: torch.Tensor,  # [B] the trunk's token after the kept ones
+        hidden: torch.Tensor,  # [B, K + 1, H] trunk outputs of the verified tokens
+        host_start: list[int] | None = None,  # `start` on the host, for the reference backend's loops
+    ) -> None:
+        k, b = self.k, rows.shape[0]
+        dev = rows.device
+        self.restore(self.trunk_capture.items(), rows, n)
+        seq = torch.cat([ids, ids.new_zeros(b, k + 1)], dim=1)  # [B, 2K + 2] tokens from q on
+        seq.scatter_(1, n[:, None], pending[:, None])
+        arange_b = torch.arange(b, device=dev)
+        below = hidden  # the lower level's outputs for the tokens from q on
+        tables = self.runner.req_to_token
+        last_col = tables.max_context_len - 1
+        drafts = []
+        for d in range(k):
+            t = k + 2 + d
+            layer = self.trunk_layers + d
+            cols = torch.arange(t, device=dev)
+            inputs = torch.cat([self.carry[rows, d][:, None], below[:, : t - 1].float()], dim=1)
+            self.carry[rows, d] = below[arange_b, n - 1].float()  # after reading: input for token q + n
+            real = cols[None] < (n + live * (1 + d))[:, None]
+            tok = (start[:, None] + cols).clamp(max=last_col)
+            prefix = start - d - 1
+            fb = ForwardBatch(
+                mode=ForwardMode.EXTEND,
+                input_ids=seq[:, :t].reshape(-1),
+                positions=(prefix[:, None] + cols).reshape(-1),
+                req_pool_indices=rows,
+                prefix_lens=prefix,
+                extend_lens=torch.full((b,), t, dtype=torch.int64, device=dev),
+                out_loc=torch.where(real, tables.full[rows[:, None], tok], 0).reshape(-1),
+                out_loc_swa=torch.where(real, tables.swa[rows[:, None], tok], 0).reshape(-1),
+                # the last real token: the pending one for depth 0, draft d after it
+                logits_indices=arange_b * t + (n + d).clamp(max=t - 1),
+                prefix_lens_cpu=[p - d - 1 for p in host_start] if host_start is not None else [1] * b,
+                extend_lens_cpu=[t] * b,
+            )
+            fb.table_offset = d + 1
+            fb.sconv_capture = {layer: self.depth_capture[layer]}
+            out = self.runner.forward_mtp(d, inputs.reshape(b * t, -1).to(self.runner.dtype), fb)
+            self.restore([(layer, self.depth_capture[layer])], rows, n)
+            draft = out.logits.float().argmax(-1)
+            seq.scatter_(1, (n + 1 + d)[:, None], draft[:, None])
+            drafts.append(draft)
+            below = out.hidden.view(b, t, -1)
+        self.draft_buf[rows] = torch.stack(drafts, dim=1)
+
+    def restore(self, layers, rows: torch.Tensor, n: torch.Tensor) -> None:
+        """Each layer's conv state after the first n[i] tokens of its captured window."""
+        width = self.runner.sconv_pool.width
+        idx = n[:, None] + torch.arange(width, device=n.device)  # [B, width]
+        states = self.runner.sconv_pool.states
+        for layer, caps in layers:
+            for state, cap in zip(states[layer], caps):
+                state[rows] = cap[rows[:, None], idx]
