@@ -30,7 +30,6 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "kernels")]
 
-from benchmark.fast_path import fast_path  # noqa: E402
 from sgl_inkling.model_executor.cuda_graph_runner import capture_forward  # noqa: E402
 from sgl_inkling.model_executor.forward_batch import ForwardBatch, ForwardMode  # noqa: E402
 from sgl_inkling.model_executor.model_loader import build_model  # noqa: E402
@@ -44,6 +43,7 @@ from sgl_inkling.models.inkling.slice_config import (  # noqa: E402
 )
 from sgl_inkling.models.inkling.tiny import TINY_CONFIG  # noqa: E402
 from sgl_inkling.models.inkling.weights import init_dummy_weights  # noqa: E402
+from sgl_inkling_kernels._triton import kernel_dispatch  # noqa: E402
 
 BATCH_TENSORS = ("input_ids", "positions", "req_pool_indices", "prefix_lens", "extend_lens", "out_loc",
                  "out_loc_swa", "logits_indices")  # fmt: skip
@@ -76,7 +76,7 @@ class Probe:
     """Marks every trunk layer's start and end, and keeps each MoE's input (no host sync).
 
     The routing a step used is recomputed from those inputs afterwards, outside the timing, with the
-    model's own router (the fast path's kernel router selects the same experts).
+    model's torch router (the kernel router selects the same experts).
     """
 
     def __init__(self, model, clock: Clock):
@@ -235,8 +235,9 @@ def graph_step_ms(runner: ModelRunner, seqs: Seqs, rand_tokens, steps: int) -> t
 
 
 def run_batch(model, cfg, bsz: int, args, gen: torch.Generator, mode: str) -> dict:
-    """One batch size in one mode: `eager` (the model as written) or `kernels` (benchmark/fast_path.py)."""
-    with fast_path() if mode == "kernels" else contextlib.nullcontext():
+    """One batch size in one mode: `kernels` (the model as served: its Triton kernels on CUDA) or
+    `eager` (the model's torch references for everything but attention)."""
+    with contextlib.nullcontext() if mode == "kernels" else kernel_dispatch(False):
         result = _run_batch(model, cfg, bsz, args, gen, mode)
     gc.collect()  # the run's KV pools and CUDA graph go before the next run allocates its own
     if torch.cuda.is_available():
@@ -424,8 +425,8 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--prefill-repeats", type=int, default=2)
     p.add_argument("--attention-backend", choices=("torch_native", "triton"), default=None)
     p.add_argument("--fast-path", choices=("eager", "kernels"), nargs="+", default=None,
-                   help="eager: the model as written; kernels: norms, convs, router and MoE through the "
-                   "Triton kernels (default on CUDA: both)")
+                   help="kernels: the model as served (its Triton kernels on CUDA); eager: its torch "
+                   "references for everything but attention (default on CUDA: both)")
     p.add_argument("--cuda-graph", action="store_true", help="also time decode replayed from a CUDA graph "
                    "(kernels mode only: the eager MoE syncs with the host)")
     p.add_argument("--mtp", action="store_true", help="also time MTP: the verify step and the draft chain "
@@ -457,9 +458,7 @@ def main(argv: list[str] | None = None) -> dict:
     if args.mtp:
         from benchmark import mtp_timing
 
-        with fast_path() if cuda else contextlib.nullcontext():
-            mtp = [mtp_timing.run_mtp(model, config.text, bsz, args, gen, sys.modules[__name__])
-                   for bsz in args.batch_size]  # fmt: skip
+        mtp = [mtp_timing.run_mtp(model, config.text, bsz, args, gen, sys.modules[__name__]) for bsz in args.batch_size]
 
     try:
         import triton

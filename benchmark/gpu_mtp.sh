@@ -5,7 +5,8 @@
 #   2. bench_one_batch --mtp on inkling-slice (dummy weights) at batch 1 and 64: the verify step and
 #      the draft chain, eager and from their CUDA graphs, against their floors, at forced acceptance
 #      lengths 1/2.5/4.5/9 (benchmark only), extrapolated to 66 layers,
-# then the MTP tables. The machine has no .git: pass GIT_COMMIT=<sha>. Exit status: non-zero if any
+#   3. profile_draft_step.py at batch 1 and 64: the draft step's kernels,
+# then the rest of test/gpu (kernels against references, sampling without host syncs). The machine has no .git: pass GIT_COMMIT=<sha>. Exit status: non-zero if any
 # stage failed (all still run).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -34,8 +35,15 @@ for bs in 1 64; do
     --result-file "$OUT/bench_one_batch_mtp_inkling-slice_bs$bs.json"
 done
 
+for bs in 1 64; do
+  stage "profile_draft_step_bs$bs" 60 "$PY" benchmark/profile_draft_step.py --batch-size "$bs" --accept 4 \
+    --out "$OUT/profile_draft_step_inkling-slice_bs$bs.json"
+done
+
 MTP_GPU_REPORT="$OUT/mtp_gpu_equality.json" stage test_mtp_gpu "${TEST_LIMIT_S:-270}" \
   "$PY" -m pytest -q -x -p no:cacheprovider test/gpu/test_mtp_gpu.py
+
+stage test_gpu_rest 120 "$PY" -m pytest -q -p no:cacheprovider test/gpu --deselect test/gpu/test_mtp_gpu.py
 
 echo "== done ($((SECONDS - START)) s)"
 exit $status

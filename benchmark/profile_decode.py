@@ -22,7 +22,6 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "kernels")]
 
 from benchmark.bench_one_batch import Seqs  # noqa: E402
-from benchmark.fast_path import fast_path  # noqa: E402
 from sgl_inkling.model_executor.model_loader import build_model  # noqa: E402
 from sgl_inkling.model_executor.model_runner import ModelRunner  # noqa: E402
 from sgl_inkling.models.inkling.slice_config import slice_config  # noqa: E402
@@ -47,16 +46,15 @@ def main() -> None:
     def rand(n):
         return torch.randint(0, cfg.unpadded_vocab_size, (bsz, n), generator=gen).tolist()
 
-    with fast_path():
-        seqs = Seqs(runner, bsz)
-        runner.forward(seqs.batch(rand(args.input_len)))
-        for _ in range(3):
+    seqs = Seqs(runner, bsz)
+    runner.forward(seqs.batch(rand(args.input_len)))
+    for _ in range(3):
+        runner.forward(seqs.batch(rand(1)))
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(args.steps):
             runner.forward(seqs.batch(rand(1)))
         torch.cuda.synchronize()
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            for _ in range(args.steps):
-                runner.forward(seqs.batch(rand(1)))
-            torch.cuda.synchronize()
     per = collections.defaultdict(lambda: [0, 0.0])
     for e in prof.events():
         if e.device_type.name == "CUDA":

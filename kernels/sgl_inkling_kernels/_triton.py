@@ -9,7 +9,9 @@ the same kernels on CPU tensors.
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -58,12 +60,30 @@ def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
+_FORCED: bool | None = None  # set by kernel_dispatch: kernels always (True) or never (False)
+
+
 def use_triton(t: torch.Tensor) -> bool:
     """Dispatch rule for model code: Triton on CUDA tensors, the torch reference elsewhere.
 
     The interpreter is for tests, never for serving on the CPU (it is orders of magnitude slower).
     """
+    if _FORCED is not None:
+        return HAS_TRITON and _FORCED
     return HAS_TRITON and t.is_cuda
+
+
+@contextlib.contextmanager
+def kernel_dispatch(kernels: bool) -> Iterator[None]:
+    """Within the block the model code runs its Triton kernels for every tensor (kernels=True: on
+    the CPU through the interpreter, for tests) or its torch references only (kernels=False: the
+    model as written in torch, for comparisons)."""
+    global _FORCED
+    saved, _FORCED = _FORCED, kernels
+    try:
+        yield
+    finally:
+        _FORCED = saved
 
 
 def require_triton() -> None:

@@ -11,6 +11,7 @@ import torch
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
+from sgl_inkling_kernels._triton import kernel_dispatch  # noqa: E402
 from test.kernels.backend_scenario import run_scenario  # noqa: E402
 
 
@@ -36,11 +37,9 @@ def test_fp32_triton_matches_torch_native(tiny_path, tiny_model):
 def test_bf16_triton_tracks_fp32_reference(tiny_path, tiny_model, kernels):
     import contextlib
 
-    from benchmark.fast_path import fast_path
-
     cpu_ref, cpu_tokens = run_scenario(tiny_model, "torch_native")
     model = _load(tiny_path, torch.bfloat16)
-    with fast_path() if kernels else contextlib.nullcontext():
+    with contextlib.nullcontext() if kernels else kernel_dispatch(False):
         got, _ = run_scenario(model, "triton", forced=cpu_tokens)
     native, _ = run_scenario(model, "torch_native", forced=cpu_tokens)
     diffs = [(g.float() - w).abs().max().item() for g, w in zip(got, cpu_ref)]
@@ -61,10 +60,9 @@ def test_bf16_triton_tracks_fp32_reference(tiny_path, tiny_model, kernels):
 
 @pytest.mark.parametrize("kernels", [False, True], ids=["attention-only", "all-kernels"])
 def test_greedy_gpu_equals_cpu_fp32(tiny_path, tiny_model, kernels):
-    """Greedy tokens on the GPU (triton backend, optionally every kernel wired in) equal the CPU eager path."""
+    """Greedy tokens on the GPU (triton backend, with the model's other kernels or its torch references) equal the CPU eager path."""
     import contextlib
 
-    from benchmark.fast_path import fast_path
     from sgl_inkling.model_executor.model_runner import ModelRunner
     from sgl_inkling.model_executor.seq_runner import SeqRunner
     from test.kernels.backend_scenario import random_tokens
@@ -72,7 +70,7 @@ def test_greedy_gpu_equals_cpu_fp32(tiny_path, tiny_model, kernels):
     prompt = random_tokens(40, 9)
     cpu = SeqRunner(ModelRunner(tiny_model, 4, 1024, 2048)).greedy(prompt, 24)
     gpu_model = _load(tiny_path, torch.float32)
-    with fast_path() if kernels else contextlib.nullcontext():
+    with contextlib.nullcontext() if kernels else kernel_dispatch(False):
         gpu = SeqRunner(ModelRunner(gpu_model, 4, 1024, 2048, attention_backend="triton")).greedy(prompt, 24)
         scenario, tokens = run_scenario(gpu_model, "triton")
     assert gpu == cpu

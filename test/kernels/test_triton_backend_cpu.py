@@ -12,6 +12,8 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported
 pytest.importorskip("triton")
 
+from sgl_inkling_kernels._triton import kernel_dispatch  # noqa: E402
+
 from .backend_scenario import run_scenario  # noqa: E402
 
 
@@ -25,12 +27,10 @@ def test_triton_backend_matches_torch_native_on_cpu(tiny_model):
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CUDA variant lives in test/gpu")
-def test_full_fast_path_matches_reference_on_cpu(tiny_model):
-    """Every kernel wired in (benchmark/fast_path.py) plus the triton backend, vs the eager model."""
-    from benchmark.fast_path import fast_path
-
+def test_all_kernels_match_reference_on_cpu(tiny_model):
+    """Every kernel the model calls (in Triton's interpreter) plus the triton backend, vs the torch model."""
     want, want_tokens = run_scenario(tiny_model, "torch_native", decode_steps=2)
-    with fast_path(force=True):
+    with kernel_dispatch(True):
         got, got_tokens = run_scenario(tiny_model, "triton", decode_steps=2)
     assert got_tokens == want_tokens
     for g, w in zip(got, want):

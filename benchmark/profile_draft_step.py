@@ -1,0 +1,96 @@
+"""Where an MTP draft step's time goes, kernel by kernel (torch.profiler), on inkling-slice.
+
+    python benchmark/profile_draft_step.py --batch-size 64 --accept 4.5
+
+The step is run as serving runs it (DraftStep: trunk conv rollback, then 8 depths over the
+committed tokens, the pending one and the drafts, padded to fixed shapes), after one verify
+forward whose first `accept` tokens are kept. Kernel durations exclude launch gaps.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import sys
+from pathlib import Path
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "kernels")]
+
+from benchmark.bench_one_batch import Seqs  # noqa: E402
+from sgl_inkling.model_executor.model_loader import build_model  # noqa: E402
+from sgl_inkling.model_executor.model_runner import ModelRunner  # noqa: E402
+from sgl_inkling.models.inkling.slice_config import slice_config  # noqa: E402
+from sgl_inkling.models.inkling.weights import init_dummy_weights  # noqa: E402
+from sgl_inkling.speculative.mtp_worker import MTPWorker  # noqa: E402
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--input-len", type=int, default=1024)
+    p.add_argument("--accept", type=int, default=4, help="verified tokens kept (accepted drafts + 1)")
+    p.add_argument("--steps", type=int, default=5)
+    p.add_argument("--out", type=Path, default=None)
+    args = p.parse_args()
+    config = slice_config()
+    model = build_model(config, torch.bfloat16, torch.device("cuda"))
+    init_dummy_weights(model)
+    cfg, bsz = config.text, args.batch_size
+    ctx = args.input_len + 64
+    runner = ModelRunner(model, bsz, ctx, bsz * ctx, attention_backend="triton")
+    worker = MTPWorker(runner, None)
+    k = worker.num_steps
+    gen = torch.Generator().manual_seed(0)
+
+    def rand(n):
+        return torch.randint(0, cfg.unpadded_vocab_size, (bsz, n), generator=gen).tolist()
+
+    seqs = Seqs(runner, bsz)
+    runner.forward(seqs.batch(rand(args.input_len)))
+    starts = list(seqs.lens)
+    vb = seqs.batch(rand(k + 1), logits_counts=[k + 1] * bsz)
+    vb.sconv_capture = worker.trunk_capture
+    out = runner.forward(vb)
+    seqs.extra_slots(starts, k + 1, args.accept + k)
+    dev = runner.device
+    step_args = (
+        torch.tensor(seqs.rows, device=dev),
+        torch.tensor(starts, device=dev),
+        torch.full((bsz,), args.accept, device=dev),
+        torch.ones(bsz, dtype=torch.int64, device=dev),
+        vb.input_ids.view(bsz, k + 1),
+        torch.tensor([t[0] for t in rand(1)], device=dev),
+        out.hidden.view(bsz, k + 1, -1),
+    )
+    for _ in range(2):
+        worker.step.run(*step_args)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(args.steps):
+            worker.step.run(*step_args)
+        torch.cuda.synchronize()
+    per = collections.defaultdict(lambda: [0, 0.0])
+    for e in prof.events():
+        if e.device_type.name == "CUDA":
+            per[e.name][0] += 1
+            per[e.name][1] += e.device_time_total if hasattr(e, "device_time_total") else e.cuda_time_total
+    rows = sorted(per.items(), key=lambda kv: -kv[1][1])
+    total = sum(v[1] for v in per.values()) / args.steps / 1e3
+    print(f"draft step, batch {bsz}, {k} depths, {args.accept} kept: kernel time {total:.3f} ms per step")
+    print(f"{'us/step':>9} {'calls/step':>10}  kernel")
+    for name, (count, us) in rows[:20]:
+        print(f"{us / args.steps:>9.1f} {count / args.steps:>10.1f}  {name[:110]}")
+    if args.out:
+        args.out.write_text(json.dumps({
+            "batch_size": bsz, "depths": k, "kept": args.accept, "kernel_ms_per_step": total,
+            "kernels": [{"name": n, "calls_per_step": c / args.steps, "us_per_step": u / args.steps} for n, (c, u) in rows],
+        }, indent=2))  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
