@@ -43,7 +43,7 @@ done
 MTP_GPU_REPORT="$OUT/mtp_gpu_equality.json" stage test_mtp_gpu "${TEST_LIMIT_S:-270}" \
   "$PY" -m pytest -q -x -p no:cacheprovider test/gpu/test_mtp_gpu.py
 
-stage test_gpu_rest 120 "$PY" -m pytest -q -p no:cacheprovider test/gpu --deselect test/gpu/test_mtp_gpu.py
+stage test_gpu_rest 120 "$PY" -m pytest -q -p no:cacheprovider test/gpu --ignore=test/gpu/test_mtp_gpu.py
 
 echo "== done ($((SECONDS - START)) s)"
 exit $status
