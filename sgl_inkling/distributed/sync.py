@@ -33,3 +33,13 @@ def min_over_ranks(sizes: T) -> T:
     t = torch.tensor([getattr(sizes, n) for n in names], dtype=torch.int64)
     dist.all_reduce(t, op=dist.ReduceOp.MIN, group=p.cpu_group)
     return dataclasses.replace(sizes, **dict(zip(names, t.tolist())))
+
+
+def gather_object(obj: Any) -> list[Any]:
+    """Every rank's `obj`, in rank order, on every rank."""
+    p = get_parallel()
+    if p.tp_size == 1:
+        return [obj]
+    out: list[Any] = [None] * p.tp_size
+    dist.all_gather_object(out, obj, group=p.cpu_group)
+    return out

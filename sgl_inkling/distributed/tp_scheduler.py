@@ -3,7 +3,9 @@ every rank handles the same messages in the same order, and since scheduling is 
 function of the messages (and of pool sizes, agreed at start), all ranks build the same batches and
 run the same forwards, whose collectives pair up. Only rank 0 sends outputs.
 
-The two inputs that are not deterministic are made so: the sampler's seed comes from rank 0, and
+The inputs that are not deterministic are made so: the sampler's seed comes from rank 0, and so
+does the seed of torch's global generator (MTP rejection sampling draws from it: ranks that accepted
+different drafts would commit different tokens and their next forwards would no longer pair up);
 the lpm policy's time-based aging is decided by rank 0 and broadcast.
 """
 
@@ -11,12 +13,14 @@ from __future__ import annotations
 
 import dataclasses
 import random
+import zlib
 from collections.abc import Iterable
 
+import torch
 import zmq
 
 from sgl_inkling.distributed.parallel_state import get_parallel
-from sgl_inkling.distributed.sync import broadcast_object
+from sgl_inkling.distributed.sync import broadcast_object, gather_object
 from sgl_inkling.managers.schedule_policy import LPM_MIN_QUEUE
 from sgl_inkling.managers.scheduler import Scheduler
 from sgl_inkling.managers.subprocess_utils import ipc_addresses
@@ -52,10 +56,12 @@ class TPScheduler(Scheduler):
         if not self.leader:  # private endpoints nobody talks to; the output one is replaced below
             recv_addr = send_addr = ipc_addresses(["unused"])["unused"]
         super().__init__(server_args, model_path, recv_addr, send_addr)
+        torch.manual_seed(server_args.random_seed)  # after loading: from here on every rank draws alike
         self.policy = _LeaderOrder(self.policy)
         if not self.leader:
             self.send_sock.close(linger=0)
             self.send_sock = _Discard()
+        self.output_digest = 0  # every token this rank emitted, folded in order (see internal_state)
 
     def recv_requests(self, block: bool) -> None:
         msgs = self._read(block) if self.leader else None
@@ -71,10 +77,19 @@ class TPScheduler(Scheduler):
                 return msgs
             flags = zmq.NOBLOCK
 
+    def flush_outbox(self) -> None:
+        for req in dict.fromkeys(self.outbox):
+            self.output_digest = zlib.crc32(repr((req.rid, req.new_tokens)).encode(), self.output_digest)
+        super().flush_outbox()
+
     def internal_state(self) -> dict:
         p, runner = get_parallel(), self.runner
+        # Every rank handles this message: compare what each emitted and holds. Ranks that drifted
+        # apart run forwards whose collectives mix different tokens, so rank 0's answers go wrong.
+        prints = gather_object((self.output_digest, self.kv.stats()))
         return {
             **super().internal_state(),
+            "tp_ranks_agree": all(fp == prints[0] for fp in prints),
             "tp_size": p.tp_size,
             "ep_size": p.ep_size,
             # This rank's share of the per-layer state (rank 0 answers; every rank holds the same).

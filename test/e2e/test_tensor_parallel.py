@@ -46,6 +46,7 @@ def test_tp2_greedy_matches_tp1_with_prefix_cache(server, tp2):
     with ThreadPoolExecutor(4) as ex:
         got = list(ex.map(lambda ids: gen(tp2, ids)["output_ids"], batch))
     assert got == [gen(server, ids)["output_ids"] for ids in batch]
+    assert tp2.internal_state()["tp_ranks_agree"]
     tp2.wait_idle_baseline()
 
 
