@@ -6,7 +6,8 @@
 #      the draft chain, eager and from their CUDA graphs, against their floors, at forced acceptance
 #      lengths 1/2.5/4.5/9 (benchmark only), extrapolated to 66 layers,
 #   3. profile_draft_step.py at batch 1 and 64: the draft step's kernels,
-# then the rest of test/gpu (kernels against references, sampling without host syncs). The machine has no .git: pass GIT_COMMIT=<sha>. Exit status: non-zero if any
+# then the rest of test/gpu (kernels against references, sampling without host syncs; MTP under TP 2
+# when two GPUs are present) and the attention kernel tests. The machine has no .git: pass GIT_COMMIT=<sha>. Exit status: non-zero if any
 # stage failed (all still run).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -43,7 +44,8 @@ done
 MTP_GPU_REPORT="$OUT/mtp_gpu_equality.json" stage test_mtp_gpu "${TEST_LIMIT_S:-270}" \
   "$PY" -m pytest -q -x -p no:cacheprovider test/gpu/test_mtp_gpu.py
 
-stage test_gpu_rest 120 "$PY" -m pytest -q -p no:cacheprovider test/gpu --ignore=test/gpu/test_mtp_gpu.py
+stage test_gpu_rest 200 "$PY" -m pytest -q -rs -p no:cacheprovider test/gpu --ignore=test/gpu/test_mtp_gpu.py \
+  test/kernels/test_extend_attention.py test/kernels/test_decode_attention.py
 
 echo "== done ($((SECONDS - START)) s)"
 exit $status

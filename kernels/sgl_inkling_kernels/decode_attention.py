@@ -183,6 +183,26 @@ def decode_attention(
     return out
 
 
+def extend_as_decode_queries(
+    req_pool_indices: torch.Tensor,  # [B]
+    prefix_lens: torch.Tensor,  # [B]
+    extend_lens: torch.Tensor,  # [B]
+    num_tokens: int,  # sum(extend_lens), known on the host
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """An extend batch as one decode query per new token: (row, position) of each, for
+    `decode_attention`. Token j of a sequence attends to keys [0, prefix + j], exactly the extend's
+    causal rule, since the backend stores the new keys in the pool first. Device ops only.
+
+    Worth it for short extensions (MTP verify and draft steps): the extend kernel tiles a
+    sequence's few queries into one program per KV head, which leaves most SMs idle while it
+    walks a long prefix; decode queries split the keys across programs."""
+    dev = extend_lens.device
+    seq = torch.repeat_interleave(torch.arange(extend_lens.shape[0], device=dev), extend_lens, output_size=num_tokens)
+    first = torch.cumsum(extend_lens, 0) - extend_lens
+    positions = prefix_lens[seq] + torch.arange(num_tokens, device=dev) - first[seq]
+    return req_pool_indices[seq], positions
+
+
 def decode_attention_ref(
     q: torch.Tensor,
     k_buf: torch.Tensor,

@@ -11,6 +11,7 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported
 pytest.importorskip("triton")
 
+from sgl_inkling_kernels.decode_attention import decode_attention, extend_as_decode_queries  # noqa: E402
 from sgl_inkling_kernels.extend_attention import extend_attention, extend_attention_ref  # noqa: E402
 
 from .paged_case import make_case  # noqa: E402
@@ -53,4 +54,21 @@ def test_extend_tile_sizes_agree(block_m, block_n):
     prefix, ext = BATCHES[2]
     case = make_case(prefix, ext, heads, kv, dim, d_rel, extent, True, torch.float32, DEVICE)
     got, want = _run(case, window, 1.0 / dim, block_m=block_m, block_n=block_n)
+    torch.testing.assert_close(got, want, atol=2e-4, rtol=2e-4)
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("lens", BATCHES + [([40, 3, 77], [9, 9, 9]), ([5, 60], [17, 2])])
+def test_short_extend_as_decode_queries_matches_reference(shape, lens):
+    """The backend's path for short extensions: one decode query per new token."""
+    heads, kv, dim, d_rel, extent, window = shape
+    prefix, ext = lens
+    case = make_case(prefix, ext, heads, kv, dim, d_rel, extent, with_tau=window is None, dtype=torch.float32,
+                     device=DEVICE, seed=3 + sum(ext))  # fmt: skip
+    rows, positions = extend_as_decode_queries(case.rows, case.prefix_lens, case.extend_lens, sum(ext))
+    assert positions.tolist() == case.positions.tolist()
+    rest = (case.rel, case.table, case.tau, 1.0 / dim**0.5, window)
+    got = decode_attention(case.q, case.k_buf, case.v_buf, case.req_to_token, rows, positions, *rest)
+    want = extend_attention_ref(case.q, case.k_buf, case.v_buf, case.req_to_token, case.rows, case.prefix_lens,
+                                case.extend_lens, *rest)  # fmt: skip
     torch.testing.assert_close(got, want, atol=2e-4, rtol=2e-4)

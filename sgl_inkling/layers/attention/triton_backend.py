@@ -1,7 +1,9 @@
 """Triton attention backend: paged decode and extend kernels with Inkling's in-kernel relative bias.
 
 Decode reads nothing from the host (grid and split count depend on shapes only), so a decode step
-can be captured in a CUDA graph. Extend sizes its grid from the batch's host-side lengths.
+can be captured in a CUDA graph. Extend sizes its grid from the batch's host-side lengths; short
+extensions (at most SHORT_EXTEND tokens per sequence, e.g. MTP's verify and draft steps) run as one
+decode query per token instead, which spreads a long prefix over the SMs.
 """
 
 from __future__ import annotations
@@ -11,8 +13,14 @@ import torch
 from sgl_inkling.layers.attention.base import AttentionBackend, AttnLayerSpec
 from sgl_inkling.mem_cache.memory_pool import KVPool, ReqToTokenPool
 from sgl_inkling.model_executor.forward_batch import ForwardBatch, ForwardMode
-from sgl_inkling_kernels.decode_attention import decode_attention, default_num_splits
+from sgl_inkling_kernels.decode_attention import (
+    decode_attention,
+    default_num_splits,
+    extend_as_decode_queries,
+)
 from sgl_inkling_kernels.extend_attention import extend_attention
+
+SHORT_EXTEND = 24
 
 
 class TritonBackend(AttentionBackend):
@@ -23,23 +31,32 @@ class TritonBackend(AttentionBackend):
         self.block_n = 64 if device.type == "cuda" else 16
         self._q_start: torch.Tensor | None = None
         self._max_extend = 0
+        self._as_decode: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def init_forward_metadata(self, batch: ForwardBatch) -> None:
-        """Extend: each sequence's first row in the flattened tokens, and the longest extension."""
+        """Extend: each sequence's first row in the flattened tokens and the longest extension, or
+        for short extensions each token's row and position as a decode query."""
         if batch.mode is ForwardMode.DECODE:
             return
-        self._q_start = torch.cumsum(batch.extend_lens, 0) - batch.extend_lens
         self._max_extend = max(batch.extend_lens_cpu, default=0)
+        self._as_decode = None
+        if 0 < self._max_extend <= SHORT_EXTEND:
+            self._as_decode = extend_as_decode_queries(
+                batch.req_pool_indices, batch.prefix_lens, batch.extend_lens, batch.input_ids.shape[0]
+            )
+            return
+        self._q_start = torch.cumsum(batch.extend_lens, 0) - batch.extend_lens
 
     def forward(self, q, k, v, rel, rel_table, tau, spec: AttnLayerSpec, batch: ForwardBatch) -> torch.Tensor:
         pool, table = self.pool_of(spec, batch.table_offset)
         pool.write(spec.layer_id, batch.out_loc_swa if spec.sliding else batch.out_loc, k, v)
         k_buf, v_buf = pool.buffers(spec.layer_id)
-        if batch.mode is ForwardMode.DECODE:
+        if batch.mode is ForwardMode.DECODE or self._as_decode is not None:
+            rows, positions = self._as_decode or (batch.req_pool_indices, batch.positions)
             max_keys = spec.window if spec.window is not None else table.shape[1]
             splits = default_num_splits(q.shape[0], spec.num_kv_heads, max_keys, self.block_n, self.num_sms)
             return decode_attention(
-                q, k_buf, v_buf, table, batch.req_pool_indices, batch.positions, rel, rel_table, tau,
+                q, k_buf, v_buf, table, rows, positions, rel, rel_table, tau,
                 spec.scaling, spec.window, num_splits=splits, block_n=self.block_n,
             )  # fmt: skip
         return extend_attention(
