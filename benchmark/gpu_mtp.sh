@@ -13,7 +13,8 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 START=$SECONDS
 OUT="${OUT:-$PWD/benchmark/results/gpu_mtp}"
-mkdir -p "$OUT"
+LOGS="${LOGS:-$OUT}"  # stage logs (elsewhere when only the JSON should come back)
+mkdir -p "$OUT" "$LOGS"
 PY="${PYTHON:-python3}"
 export PYTHONPATH="$PWD/kernels:$PWD/python:$PWD${PYTHONPATH:+:$PYTHONPATH}"
 status=0
@@ -24,10 +25,10 @@ stage() {
   local name=$1 limit=$2
   shift 2
   echo "== $name (limit ${limit} s, $((SECONDS - START)) s used)"
-  timeout -k 15 "$limit" "$@" >"$OUT/$name.log" 2>&1
+  timeout -k 15 "$limit" "$@" >"$LOGS/$name.log" 2>&1
   local rc=$?
-  tail -12 "$OUT/$name.log"
-  [ $rc -eq 0 ] || { echo "!! $name failed with status $rc (see $OUT/$name.log)"; status=1; }
+  tail -12 "$LOGS/$name.log"
+  [ $rc -eq 0 ] || { grep -E "^(FAILED|ERROR)|Error" "$LOGS/$name.log" | head -20; echo "!! $name failed with status $rc (see $LOGS/$name.log)"; status=1; }
 }
 
 for bs in 1 64; do
@@ -44,7 +45,7 @@ done
 MTP_GPU_REPORT="$OUT/mtp_gpu_equality.json" stage test_mtp_gpu "${TEST_LIMIT_S:-270}" \
   "$PY" -m pytest -q -x -p no:cacheprovider test/gpu/test_mtp_gpu.py
 
-stage test_gpu_rest 200 "$PY" -m pytest -q -rs -p no:cacheprovider test/gpu --ignore=test/gpu/test_mtp_gpu.py \
+stage test_gpu_rest 200 "$PY" -m pytest -q -rA -p no:cacheprovider test/gpu --ignore=test/gpu/test_mtp_gpu.py \
   test/kernels/test_extend_attention.py test/kernels/test_decode_attention.py
 
 echo "== done ($((SECONDS - START)) s)"

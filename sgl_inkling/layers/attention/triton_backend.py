@@ -36,10 +36,10 @@ class TritonBackend(AttentionBackend):
     def init_forward_metadata(self, batch: ForwardBatch) -> None:
         """Extend: each sequence's first row in the flattened tokens and the longest extension, or
         for short extensions each token's row and position as a decode query."""
+        self._as_decode = None  # before any return: a decode batch must not see an extend's queries
         if batch.mode is ForwardMode.DECODE:
             return
         self._max_extend = max(batch.extend_lens_cpu, default=0)
-        self._as_decode = None
         if 0 < self._max_extend <= SHORT_EXTEND:
             self._as_decode = extend_as_decode_queries(
                 batch.req_pool_indices, batch.prefix_lens, batch.extend_lens, batch.input_ids.shape[0]
