@@ -4,9 +4,9 @@
     python benchmark/results_table.py DIR_OR_FILES... --include-cpu
     python benchmark/results_table.py --readme README.md    # replace the block between the markers
 
-Tables: decode latency against the bandwidth floor (bench_one_batch), our runtime against the
-transformers port (bench_one_batch vs bench_peer, same config), and serving throughput and latency
-(bench_serving). Of several files of one kind and config, the newest (by its timestamp) is used.
+Tables: decode latency against the bandwidth floor (bench_one_batch), MTP speculative decoding at
+forced acceptance lengths (bench_one_batch --mtp), our runtime against the transformers port
+(bench_one_batch vs bench_peer, same config), and serving throughput and latency (bench_serving). Of several files of one kind and config, the newest (by its timestamp) is used.
 """
 
 from __future__ import annotations
@@ -49,6 +49,8 @@ def load(paths: list[Path], include_cpu: bool) -> dict[tuple[str, str], dict]:
             runs = {run_key(kind, r): r for d in ds for r in d["runs"]}  # newer files overwrite older
             out["runs"] = list(runs.values())
             out["sources"] = [d.get("timestamp") for d in ds]
+            mtp = {m["batch_size"]: m for d in ds for m in d.get("mtp") or []}
+            out["mtp"] = [mtp[b] for b in sorted(mtp)]
         merged[(kind, cfg)] = out
     return merged
 
@@ -92,6 +94,30 @@ def decode_table(d: dict) -> str:
     header = ["mode", "batch", "prefill ms", "step ms (eager)", "step ms (CUDA graph)", "floor ms",
               "floor / best", "per layer floor / eager time", "tok/s/user @66 layers", "floor tok/s/user"]  # fmt: skip
     return f"Decode latency, {d['config']} (source: {source(d)}):\n\n" + table(header, rows)
+
+
+def mtp_table(d: dict) -> str:
+    """Per batch size and forced acceptance length: both steps from their CUDA graphs against their
+    floors, and tok/s/user at 66 layers against plain decode of the same batch size."""
+    plain = {r["batch_size"]: r["extrapolated_66_layers"] for r in d["runs"] if r["mode"] == "kernels"}
+    rows = []
+    for m in d["mtp"]:
+        base = plain.get(m["batch_size"]) or {}
+        base_tps = base.get("cuda_graph_tok_per_s_per_user") or base.get("tok_per_s_per_user")
+        verify = (m.get("verify_cuda_graph") or {}).get("ms")
+        for r in m["runs"]:
+            e = r["extrapolated_66_layers"]
+            chain = (r.get("draft_chain_cuda_graph") or {}).get("ms")
+            tps = e.get("cuda_graph_tok_per_s_per_user") or e["tok_per_s_per_user"]
+            rows.append([
+                str(m["batch_size"]), f(r["forced_accept_length"], ".1f"), f(verify, ".2f"), f(r["verify_floor_ms"], ".2f"),
+                f(chain, ".2f"), f(r["draft_chain_floor_ms"], ".2f"), f(tps, ".1f"), f(base_tps, ".1f"),
+                f(tps / base_tps, ".2f") + "x" if base_tps else "-",
+            ])  # fmt: skip
+    header = ["batch", "accept length (forced)", "verify ms (graph)", "verify floor ms", "draft step ms (graph)",
+              "draft floor ms", "tok/s/user @66", "plain tok/s/user @66", "speed-up"]  # fmt: skip
+    return (f"MTP, {d['config']}, 8 depths; the accepted length is forced (a benchmark-only switch: dummy "
+            f"weights draft nothing right) (source: {source(d)}):\n\n" + table(header, rows))
 
 
 def peer_table(ours: dict | None, peer: dict) -> str:
@@ -139,6 +165,8 @@ def render(results: dict[tuple[str, str], dict]) -> str:
     for (kind, cfg), d in sorted(results.items()):
         if kind == "bench_one_batch":
             parts.append(decode_table(d))
+            if d.get("mtp"):
+                parts.append(mtp_table(d))
         elif kind == "bench_peer":
             parts.append(peer_table(results.get(("bench_one_batch", cfg)), d))
         else:

@@ -67,3 +67,22 @@ def test_serving_table_and_readme_block(results, tmp_path):
     body = readme.read_text()
     assert body.startswith("intro\n") and body.endswith(f"{results_table.END}\nrest\n") and "stale" not in body
     assert text in body
+
+
+def test_mtp_table_takes_each_batch_size_from_its_file(results):
+    def mtp(bs: int, tps: float) -> dict:
+        run = {"forced_accept_length": 4.5, "verify_floor_ms": 4.0, "draft_chain_floor_ms": 7.0,
+               "draft_chain_cuda_graph": {"ms": 10.0, "error": None},
+               "extrapolated_66_layers": {"tok_per_s_per_user": 1.0, "cuda_graph_tok_per_s_per_user": tps}}  # fmt: skip
+        return {"batch_size": bs, "verify_cuda_graph": {"ms": 5.5, "error": None}, "runs": [run]}
+
+    for name, bs, tps, ts in (("m1.json", 1, 36.0, "2026-02-01T00:00:00"), ("m64.json", 64, 7.0, "2026-02-02T00:00:00")):
+        d = one_batch(bs, 5.0, 2.0 if bs == 1 else 16.0, ts)
+        d["runs"][0]["extrapolated_66_layers"]["cuda_graph_tok_per_s_per_user"] = 30.0 if bs == 1 else 2.8
+        (results / name).write_text(json.dumps({**d, "mtp": [mtp(bs, tps)]}))
+    text = results_table.main([str(results)])
+    rows = [line for line in text.splitlines() if "| 4.5 |" in line]
+    assert [line.split("|")[1].strip() for line in rows] == ["1", "64"]
+    assert "| 36.0 | 30.0 | 1.20x |" in rows[0]  # 36 / 30 tok/s/user
+    assert "| 7.0 | 2.8 | 2.50x |" in rows[1]
+    assert "benchmark-only" in text
