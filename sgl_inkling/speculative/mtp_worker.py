@@ -68,7 +68,7 @@ class MTPWorker:
             self.verify_graphs = VerifyGraphRunner(runner, num_steps + 1, self.trunk_capture, max_bs)
             self.draft_graphs = DraftGraphRunner(self.step, max_bs)
             self.fixed_shapes = True
-        self.forced_accept: float | None = None  # benchmark-only switch (bench_one_batch --mtp-force-accept)
+        self.forced_accept: float | None = None  # benchmark-only switch (bench_one_batch --mtp-accept)
         self._forced_credit = 0.0
         self.num_verify_steps = 0
         self.num_verify_tokens = 0  # tokens emitted by verify steps (accepted drafts + one each)
