@@ -10,8 +10,6 @@ graph step is what launches and gaps cost.
 from __future__ import annotations
 
 import argparse
-import collections
-import json
 import sys
 from pathlib import Path
 
@@ -22,6 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "kernels")]
 
 from benchmark.bench_one_batch import Seqs  # noqa: E402
+from benchmark.kernel_profile import kernel_rows, report  # noqa: E402
 from sgl_inkling.model_executor.model_loader import build_model  # noqa: E402
 from sgl_inkling.model_executor.model_runner import ModelRunner  # noqa: E402
 from sgl_inkling.models.inkling.slice_config import slice_config  # noqa: E402
@@ -55,23 +54,8 @@ def main() -> None:
         for _ in range(args.steps):
             runner.forward(seqs.batch(rand(1)))
         torch.cuda.synchronize()
-    per = collections.defaultdict(lambda: [0, 0.0])
-    for e in prof.events():
-        if e.device_type.name == "CUDA":
-            per[e.name][0] += 1
-            per[e.name][1] += e.device_time_total if hasattr(e, "device_time_total") else e.cuda_time_total
-    n_layers = cfg.num_hidden_layers
-    rows = sorted(per.items(), key=lambda kv: -kv[1][1])
-    total = sum(v[1] for v in per.values()) / args.steps / 1e3
-    print(f"batch {bsz}: kernel time per step {total:.3f} ms over {n_layers} layers + head")
-    print(f"{'us/step':>9} {'calls/step':>10}  kernel")
-    for name, (count, us) in rows[:25]:
-        print(f"{us / args.steps:>9.1f} {count / args.steps:>10.1f}  {name[:110]}")
-    if args.out:
-        args.out.write_text(json.dumps({
-            "batch_size": bsz, "kernel_ms_per_step": total,
-            "kernels": [{"name": n, "calls_per_step": c / args.steps, "us_per_step": u / args.steps} for n, (c, u) in rows],
-        }, indent=2))  # fmt: skip
+    report(f"batch {bsz}, {cfg.num_hidden_layers} layers + head", kernel_rows(prof, args.steps), args.out,
+           {"batch_size": bsz})
 
 
 if __name__ == "__main__":

@@ -10,8 +10,6 @@ forward whose first `accept` tokens are kept. Kernel durations exclude launch ga
 from __future__ import annotations
 
 import argparse
-import collections
-import json
 import sys
 from pathlib import Path
 
@@ -22,6 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "kernels")]
 
 from benchmark.bench_one_batch import Seqs  # noqa: E402
+from benchmark.kernel_profile import kernel_rows, report  # noqa: E402
 from sgl_inkling.model_executor.model_loader import build_model  # noqa: E402
 from sgl_inkling.model_executor.model_runner import ModelRunner  # noqa: E402
 from sgl_inkling.models.inkling.slice_config import slice_config  # noqa: E402
@@ -74,22 +73,8 @@ def main() -> None:
         for _ in range(args.steps):
             worker.step.run(*step_args)
         torch.cuda.synchronize()
-    per = collections.defaultdict(lambda: [0, 0.0])
-    for e in prof.events():
-        if e.device_type.name == "CUDA":
-            per[e.name][0] += 1
-            per[e.name][1] += e.device_time_total if hasattr(e, "device_time_total") else e.cuda_time_total
-    rows = sorted(per.items(), key=lambda kv: -kv[1][1])
-    total = sum(v[1] for v in per.values()) / args.steps / 1e3
-    print(f"draft step, batch {bsz}, {k} depths, {args.accept} kept: kernel time {total:.3f} ms per step")
-    print(f"{'us/step':>9} {'calls/step':>10}  kernel")
-    for name, (count, us) in rows[:20]:
-        print(f"{us / args.steps:>9.1f} {count / args.steps:>10.1f}  {name[:110]}")
-    if args.out:
-        args.out.write_text(json.dumps({
-            "batch_size": bsz, "depths": k, "kept": args.accept, "kernel_ms_per_step": total,
-            "kernels": [{"name": n, "calls_per_step": c / args.steps, "us_per_step": u / args.steps} for n, (c, u) in rows],
-        }, indent=2))  # fmt: skip
+    report(f"draft step, batch {bsz}, {k} depths, {args.accept} kept", kernel_rows(prof, args.steps), args.out,
+           {"batch_size": bsz, "depths": k, "kept": args.accept}, top=20)
 
 
 if __name__ == "__main__":

@@ -7,40 +7,26 @@ wrong often enough to reject): the reference is the same checkpoint served witho
 
 from __future__ import annotations
 
-import json
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 
-import jsonschema
 import pytest
 
 from test.unit.helpers import random_prompt
 
-from .server import ServerProcess
-
-
-@pytest.fixture(scope="module")
-def draftable():
-    from sgl_inkling.models.inkling.tiny_draftable import ensure_draftable_checkpoint
-
-    return str(ensure_draftable_checkpoint())
-
-
-def _server(path: str, *flags: str) -> ServerProcess:
-    return ServerProcess("--skip-server-warmup", "--model-path", path, "--chunked-prefill-size", "64", *flags)
+from .mtp_common import check_schema_requests, draftable_server, run
 
 
 @pytest.fixture(scope="module")
 def ref(draftable):
-    s = _server(draftable)
+    s = draftable_server(draftable)
     yield s
     s.stop()
 
 
 @pytest.fixture(scope="module")
 def mtp(draftable):
-    s = _server(draftable, "--speculative-algorithm", "MTP")  # all 8 depths, radix cache on
+    s = draftable_server(draftable, "--speculative-algorithm", "MTP")  # all 8 depths, radix cache on
     yield s
     s.stop()
 
@@ -48,7 +34,7 @@ def mtp(draftable):
 @pytest.fixture(scope="module")
 def mtp_small(draftable):
     # EAGLE is SGLang's name for the same thing; 3 depths; no prefix cache; 500 KV tokens force retraction.
-    s = _server(
+    s = draftable_server(
         draftable, "--speculative-algorithm", "EAGLE", "--speculative-num-steps", "3",
         "--disable-radix-cache", "--max-total-tokens", "500",
     )  # fmt: skip
@@ -65,11 +51,6 @@ def bodies(n: int, new_tokens: int = 40) -> list[dict]:
         }
         for i in range(n)
     ]
-
-
-def run(server, reqs: list[dict]) -> list[dict]:
-    with ThreadPoolExecutor(len(reqs)) as pool:
-        return list(pool.map(lambda b: server.generate(**b), reqs))
 
 
 def test_greedy_equals_non_speculative_batched(ref, mtp):
@@ -126,31 +107,10 @@ def test_retraction_and_no_radix_cache(ref, mtp_small):
     assert st["speculative_num_steps"] == 3
 
 
-SCHEMA = {
-    "type": "object",
-    "properties": {
-        "nm": {"type": "string", "maxLength": 5},
-        "id": {"type": "integer", "minimum": 0, "maximum": 999},
-        "st": {"enum": ["on", "off"]},
-    },
-    "required": ["nm", "id", "st"],
-    "additionalProperties": False,
-}
-
-
 def test_json_schema_drafts_are_masked(ref, mtp):
-    reqs = [
-        {"input_ids": random_prompt(10 + 9 * i, seed=900 + i),
-         "sampling_params": {"temperature": 0, "max_new_tokens": 150, "json_schema": json.dumps(SCHEMA)}}
-        for i in range(4)
-    ]  # fmt: skip
-    want = run(ref, reqs)
-    got = run(mtp, reqs)
-    assert [g["output_ids"] for g in got] == [w["output_ids"] for w in want]
-    for g in got:
-        assert g["meta_info"]["finish_reason"]["type"] == "stop"
-        jsonschema.validate(json.loads(g["text"]), SCHEMA)
+    check_schema_requests(ref, mtp, n=4, prompt_len=10, seed=900, new_tokens=150)
     mtp.wait_idle_baseline()
+
 
 
 def test_abort_mid_stream_returns_every_slot(mtp):

@@ -10,31 +10,16 @@ a digest of every token each rank emitted.
 
 from __future__ import annotations
 
-import json
-from concurrent.futures import ThreadPoolExecutor
-
-import jsonschema
 import pytest
 
 from test.unit.helpers import random_prompt
 
-from .server import ServerProcess
-
-
-@pytest.fixture(scope="module")
-def draftable():
-    from sgl_inkling.models.inkling.tiny_draftable import ensure_draftable_checkpoint
-
-    return str(ensure_draftable_checkpoint())
-
-
-def _server(path: str, *flags: str) -> ServerProcess:
-    return ServerProcess("--skip-server-warmup", "--model-path", path, "--chunked-prefill-size", "64", *flags)
+from .mtp_common import check_schema_requests, draftable_server, run
 
 
 @pytest.fixture(scope="module")
 def ref(draftable):
-    s = _server(draftable)  # TP 1, no MTP
+    s = draftable_server(draftable)  # TP 1, no MTP
     yield s
     s.stop()
 
@@ -43,7 +28,7 @@ def ref(draftable):
 def tp2_mtp(draftable):
     # 300 KV tokens: the first batch below fits at admission but needs ~390 by its end, so a request
     # is retracted and resumed.
-    s = _server(
+    s = draftable_server(
         draftable, "--tp-size", "2", "--speculative-algorithm", "MTP", "--speculative-num-steps", "4",
         "--max-total-tokens", "300",
     )  # fmt: skip
@@ -53,11 +38,6 @@ def tp2_mtp(draftable):
 
 def greedy(ids: list[int], n: int, **extra) -> dict:
     return {"input_ids": ids, "sampling_params": {"temperature": 0, "max_new_tokens": n, "ignore_eos": True, **extra}}
-
-
-def run(server, reqs: list[dict]) -> list[dict]:
-    with ThreadPoolExecutor(len(reqs)) as pool:
-        return list(pool.map(lambda b: server.generate(**b), reqs))
 
 
 def test_greedy_equals_tp1_without_mtp(ref, tp2_mtp):
@@ -87,32 +67,11 @@ def test_greedy_equals_tp1_without_mtp(ref, tp2_mtp):
     tp2_mtp.wait_idle_baseline()
 
 
-SCHEMA = {
-    "type": "object",
-    "properties": {
-        "nm": {"type": "string", "maxLength": 5},
-        "id": {"type": "integer", "minimum": 0, "maximum": 999},
-        "st": {"enum": ["on", "off"]},
-    },
-    "required": ["nm", "id", "st"],
-    "additionalProperties": False,
-}
-
-
 def test_json_schema_under_tp2_mtp(ref, tp2_mtp):
-    reqs = [
-        {"input_ids": random_prompt(12 + 11 * i, seed=720 + i),
-         "sampling_params": {"temperature": 0, "max_new_tokens": 120, "json_schema": json.dumps(SCHEMA)}}
-        for i in range(2)
-    ]  # fmt: skip
-    want = run(ref, reqs)
-    got = run(tp2_mtp, reqs)
-    assert [g["output_ids"] for g in got] == [w["output_ids"] for w in want]
-    for g in got:
-        assert g["meta_info"]["finish_reason"]["type"] == "stop"
-        jsonschema.validate(json.loads(g["text"]), SCHEMA)
+    check_schema_requests(ref, tp2_mtp, n=2, prompt_len=12, seed=720, new_tokens=120)
     assert tp2_mtp.internal_state()["tp_ranks_agree"]
     tp2_mtp.wait_idle_baseline()
+
 
 
 def test_sampled_acceptance_keeps_ranks_in_lockstep(tp2_mtp):
