@@ -36,16 +36,8 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | 
   | tee -a "$OUT/gpu.txt"
 echo "git commit: ${GIT_COMMIT:-unknown}" | tee -a "$OUT/gpu.txt"
 
-# stage NAME LIMIT_S CMD...: run with a time limit, log to $OUT/NAME.log, show the tail.
-stage() {
-  local name=$1 limit=$2
-  shift 2
-  echo "== $name (limit ${limit} s, $((SECONDS - START)) s used)"
-  timeout -k 15 "$limit" "$@" >"$OUT/$name.log" 2>&1
-  local rc=$?
-  tail -6 "$OUT/$name.log"
-  [ $rc -eq 0 ] || { echo "!! $name failed with status $rc (see $OUT/$name.log)"; status=1; }
-}
+STAGE_TAIL=6
+. benchmark/gpu_stage.sh
 
 # One process per batch size: an out-of-memory at batch 64 must not lose the batch-1 figures.
 for bs in 1 64; do

@@ -21,15 +21,7 @@ status=0
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
 echo "git commit: ${GIT_COMMIT:-unknown}" | tee -a "$OUT/gpu.txt"
 
-stage() {
-  local name=$1 limit=$2
-  shift 2
-  echo "== $name (limit ${limit} s, $((SECONDS - START)) s used)"
-  timeout -k 15 "$limit" "$@" >"$LOGS/$name.log" 2>&1
-  local rc=$?
-  tail -12 "$LOGS/$name.log"
-  [ $rc -eq 0 ] || { grep -E "^(FAILED|ERROR)|Error" "$LOGS/$name.log" | head -20; echo "!! $name failed with status $rc (see $LOGS/$name.log)"; status=1; }
-}
+. benchmark/gpu_stage.sh
 
 for bs in 1 64; do
   stage "bench_one_batch_bs$bs" 130 "$PY" benchmark/bench_one_batch.py --config slice --batch-size "$bs" --mtp \

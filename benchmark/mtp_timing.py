@@ -80,16 +80,7 @@ def run_mtp(model, cfg, bsz: int, args, gen, h) -> dict:
             seqs.lens = [x + n for x in starts]
             # Slots for the tokens the depths consume past the verified ones (pending + drafts).
             seqs.extra_slots(starts, k + 1, n + k)
-            dev = vb.input_ids.device
-            step_args = (
-                torch.tensor(seqs.rows, device=dev),
-                torch.tensor(starts, device=dev),
-                torch.full((bsz,), n, device=dev),
-                torch.ones(bsz, dtype=torch.int64, device=dev),
-                vb.input_ids.view(bsz, k + 1),
-                torch.tensor([t[0] for t in rand(1)], device=dev),
-                out.hidden.view(bsz, k + 1, -1),
-            )
+            step_args = draft_step_args(seqs.rows, starts, n, vb, out, [t[0] for t in rand(1)])
             c = clock.mark()
             worker.step.run(*step_args, host_start=starts)
             e = clock.mark()
@@ -152,6 +143,21 @@ def run_mtp(model, cfg, bsz: int, args, gen, h) -> dict:
         for r in out_runs:
             add_graph_extrapolation(r, verify_graph["ms"])
     return {"batch_size": bsz, "num_steps": k, "verify_cuda_graph": verify_graph, "runs": out_runs}
+
+
+def draft_step_args(rows: list[int], starts: list[int], kept: int, verify_batch, out, pending: list[int]) -> tuple:
+    """DraftStep.run's arguments after a verify (`verify_batch`, its output `out`) of which every
+    sequence keeps `kept` tokens and goes on with `pending`."""
+    bsz, dev = len(rows), verify_batch.input_ids.device
+    return (
+        torch.tensor(rows, device=dev),
+        torch.tensor(starts, device=dev),
+        torch.full((bsz,), kept, device=dev),
+        torch.ones(bsz, dtype=torch.int64, device=dev),
+        verify_batch.input_ids.view(bsz, -1),
+        torch.tensor(pending, device=dev),
+        out.hidden.view(bsz, verify_batch.input_ids.shape[0] // bsz, -1),
+    )
 
 
 def graph_ms(graphs, step_args, steps: int, replay_ms) -> dict:

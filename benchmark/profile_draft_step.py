@@ -21,6 +21,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "kernels")]
 
 from benchmark.bench_one_batch import Seqs  # noqa: E402
 from benchmark.kernel_profile import kernel_rows, report  # noqa: E402
+from benchmark.mtp_timing import draft_step_args  # noqa: E402
 from sgl_inkling.model_executor.model_loader import build_model  # noqa: E402
 from sgl_inkling.model_executor.model_runner import ModelRunner  # noqa: E402
 from sgl_inkling.models.inkling.slice_config import slice_config  # noqa: E402
@@ -56,16 +57,7 @@ def main() -> None:
     vb.sconv_capture = worker.trunk_capture
     out = runner.forward(vb)
     seqs.extra_slots(starts, k + 1, args.accept + k)
-    dev = runner.device
-    step_args = (
-        torch.tensor(seqs.rows, device=dev),
-        torch.tensor(starts, device=dev),
-        torch.full((bsz,), args.accept, device=dev),
-        torch.ones(bsz, dtype=torch.int64, device=dev),
-        vb.input_ids.view(bsz, k + 1),
-        torch.tensor([t[0] for t in rand(1)], device=dev),
-        out.hidden.view(bsz, k + 1, -1),
-    )
+    step_args = draft_step_args(seqs.rows, starts, args.accept, vb, out, [t[0] for t in rand(1)])
     for _ in range(2):
         worker.step.run(*step_args)
     torch.cuda.synchronize()

@@ -42,10 +42,10 @@ class SpecDecodeMixin:
         reqs = list(self.running)
         starts = [q.kv_len for q in reqs]
         rows = self.kv.rows
-        ids = self.spec.verify_ids(reqs)
+        rows_t, ids = self.spec.verify_ids(reqs)
         fb = ForwardBatch.build(
             ForwardMode.EXTEND,
-            [[0] * r for _ in reqs],  # the tokens are `ids`, already on the device
+            ids,
             [q.row for q in reqs],
             starts,
             torch.cat([rows.read("full", q.row, q.kv_len, q.kv_len + r) for q in reqs]).tolist(),
@@ -53,7 +53,6 @@ class SpecDecodeMixin:
             self.runner.device,
             logits_counts=[r] * len(reqs),
         )
-        fb.input_ids = ids.reshape(-1)
         fallback = [i for i, q in enumerate(reqs) if _needs_plain_sampling(q)]
         limits = [0 if i in fallback else q.draft_limit for i, q in enumerate(reqs)]
         keep_raw = any(q.return_logprob for q in reqs)
@@ -81,7 +80,7 @@ class SpecDecodeMixin:
             self.spec.num_verify_tokens += n
             if not req.finished and not self.kv.reserve(req, r):  # ensured above: cannot happen
                 raise RuntimeError("KV slots for the next verify vanished after ensure()")
-        self.spec.commit(reqs, starts, kept, ids, out.hidden)
+        self.spec.commit(reqs, rows_t, starts, kept, ids, out.hidden)
         for req in reqs:
             self.kv.release_window(req)  # after drafting: the depths re-read the window from `starts`
             if req.finished:

@@ -43,6 +43,18 @@ _BUCKETS = (
     448,
     512,
 )
+
+
+def buckets_up_to(max_bs: int) -> list[int]:
+    """The batch sizes graphs are captured for: the standard buckets below max_bs, and max_bs."""
+    return [b for b in _BUCKETS if b < max_bs] + [max_bs]
+
+
+def bucket_for(buckets: list[int], bs: int) -> int:
+    """The smallest captured batch size that holds bs requests."""
+    return buckets[bisect.bisect_left(buckets, bs)]
+
+
 _FIELDS = ("input_ids", "positions", "req_pool_indices", "prefix_lens", "out_loc", "out_loc_swa")
 
 
@@ -68,7 +80,7 @@ def capture_forward(runner, batch: ForwardBatch, pool=None) -> tuple[torch.cuda.
 class CudaGraphRunner:
     def __init__(self, runner, max_bs: int):
         self.runner = runner
-        self.buckets = [b for b in _BUCKETS if b < max_bs] + [max_bs]
+        self.buckets = buckets_up_to(max_bs)
         self.pad_row = runner.req_to_token.pad_row  # never handed to a request; its table row is all 0
         n, dev = self.buckets[-1], runner.device
         self.static = {f: torch.zeros(n, dtype=torch.int64, device=dev) for f in _FIELDS}
@@ -113,7 +125,7 @@ class CudaGraphRunner:
 
     def replay(self, batch: ForwardBatch) -> ModelOutput:
         bs = batch.batch_size
-        bucket = self.buckets[bisect.bisect_left(self.buckets, bs)]
+        bucket = bucket_for(self.buckets, bs)
         s = self.static
         for f in _FIELDS:
             s[f][:bs].copy_(getattr(batch, f))

@@ -62,7 +62,7 @@ class ForwardBatch:
     def build(
         cls,
         mode: ForwardMode,
-        input_ids: list[list[int]],
+        input_ids: list[list[int]] | torch.Tensor,
         req_pool_indices: list[int],
         prefix_lens: list[int],
         out_loc: list[int],
@@ -71,15 +71,16 @@ class ForwardBatch:
         all_logits: bool = False,
         logits_counts: list[int] | None = None,
     ) -> ForwardBatch:
-        """Assemble a batch from per-sequence host lists (new tokens of each sequence).
+        """Assemble a batch from per-sequence host lists (new tokens of each sequence), or from a
+        [B, n] device tensor when every sequence brings n tokens that are already on the device.
 
         Each sequence yields logits for its last `logits_counts[i]` new tokens (default 1; all of
         them with `all_logits`), in order.
         """
-        extend_lens = [len(x) for x in input_ids]
+        on_device = isinstance(input_ids, torch.Tensor)
+        extend_lens = [input_ids.shape[1]] * input_ids.shape[0] if on_device else [len(x) for x in input_ids]
         if mode is ForwardMode.DECODE and any(n != 1 for n in extend_lens):
             raise ValueError("decode batches carry exactly one new token per sequence")
-        flat = [t for seq in input_ids for t in seq]
         positions = [p + j for p, n in zip(prefix_lens, extend_lens) for j in range(n)]
         if all_logits:
             logits_counts = extend_lens
@@ -95,7 +96,7 @@ class ForwardBatch:
 
         return cls(
             mode=mode,
-            input_ids=t(flat),
+            input_ids=input_ids.reshape(-1) if on_device else t([tok for seq in input_ids for tok in seq]),
             positions=t(positions),
             req_pool_indices=t(req_pool_indices),
             prefix_lens=t(prefix_lens),

@@ -8,11 +8,9 @@ first): a step's results live in the state pools and `draft_buf`, not in graph o
 
 from __future__ import annotations
 
-import bisect
-
 import torch
 
-from sgl_inkling.model_executor.cuda_graph_runner import _BUCKETS, capture_graph
+from sgl_inkling.model_executor.cuda_graph_runner import bucket_for, buckets_up_to, capture_graph
 from sgl_inkling.speculative.draft_step import DraftStep
 
 _PER_REQ = ("rows", "start", "n", "live", "pending")
@@ -22,7 +20,7 @@ class DraftGraphRunner:
     def __init__(self, step: DraftStep, max_bs: int):
         self.step = step
         runner = step.runner
-        self.buckets = [b for b in _BUCKETS if b < max_bs] + [max_bs]
+        self.buckets = buckets_up_to(max_bs)
         self.pad_row = runner.req_to_token.pad_row
         n, r, dev = self.buckets[-1], step.k + 1, runner.device
         self.static = {f: torch.zeros(n, dtype=torch.int64, device=dev) for f in _PER_REQ}
@@ -52,7 +50,7 @@ class DraftGraphRunner:
     def replay(self, rows, start, n, live, ids, pending, hidden) -> None:
         """Same arguments as DraftStep.run (device tensors, batch size <= max_bs)."""
         bs = rows.shape[0]
-        bucket = self.buckets[bisect.bisect_left(self.buckets, bs)]
+        bucket = bucket_for(self.buckets, bs)
         s = self.static
         for f, x in (("rows", rows), ("start", start), ("n", n), ("live", live), ("pending", pending)):
             s[f][:bs].copy_(x)

@@ -156,12 +156,12 @@ class MTPWorker:
 
     # ---------------------------------------------------------------- verify
 
-    def verify_ids(self, reqs: list[Req]) -> torch.Tensor:
-        """[B, K + 1] on the device: each request's pending token, then its drafts."""
+    def verify_ids(self, reqs: list[Req]) -> tuple[torch.Tensor, torch.Tensor]:
+        """The requests' rows [B] and, [B, K + 1], each one's pending token then its drafts (device)."""
         dev = self.runner.device
         rows = to_device([q.row for q in reqs], torch.int64, dev)
         pending = to_device([q.fill_ids[q.kv_len] for q in reqs], torch.int64, dev)
-        return torch.cat([pending[:, None], self.draft_buf[rows]], dim=1)
+        return rows, torch.cat([pending[:, None], self.draft_buf[rows]], dim=1)
 
     def verify(self, batch, ids: torch.Tensor, reqs: list[Req], limits: list[int], keep_raw: bool):
         """The trunk over [pending token, drafts] of every request (conv windows captured), and
@@ -209,11 +209,12 @@ class MTPWorker:
 
     # ---------------------------------------------------------------- commit and draft
 
-    def commit(self, reqs: list[Req], starts: list[int], kept: list[int], ids: torch.Tensor, hidden: torch.Tensor):
+    def commit(self, reqs: list[Req], rows: torch.Tensor, starts: list[int], kept: list[int], ids: torch.Tensor,
+               hidden: torch.Tensor):  # fmt: skip
         """After a verify whose first kept[i] tokens each request keeps (kv_len already moved on):
-        roll the trunk back to them, let every depth consume them and draft the next tokens."""
+        roll the trunk back to them, let every depth consume them and draft the next tokens.
+        rows and ids are verify_ids' results."""
         b, r, dev = len(reqs), self.num_steps + 1, self.runner.device
-        rows = to_device([q.row for q in reqs], torch.int64, dev)
         n = to_device(kept, torch.int64, dev)
         if not self._draft_step_covers(reqs, starts):
             self.step.restore(self.trunk_capture.items(), rows, n)

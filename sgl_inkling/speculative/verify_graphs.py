@@ -12,11 +12,9 @@ too costly next to the weights.
 
 from __future__ import annotations
 
-import bisect
-
 import torch
 
-from sgl_inkling.model_executor.cuda_graph_runner import _BUCKETS, capture_graph
+from sgl_inkling.model_executor.cuda_graph_runner import bucket_for, buckets_up_to, capture_graph
 from sgl_inkling.model_executor.forward_batch import ForwardBatch, ForwardMode
 from sgl_inkling.models.inkling.model import ModelOutput
 from sgl_inkling.speculative.acceptance import Accepted, greedy_accept
@@ -31,7 +29,7 @@ class VerifyGraphRunner:
         self.runner = runner
         self.r = tokens_per_req
         self.capture = capture
-        self.buckets = [b for b in _BUCKETS if b < max_bs] + [max_bs]
+        self.buckets = buckets_up_to(max_bs)
         self.pad_row = runner.req_to_token.pad_row
         n, dev = self.buckets[-1], runner.device
         self.static = {f: torch.zeros(n * self.r, dtype=torch.int64, device=dev) for f in _PER_TOKEN}
@@ -85,7 +83,7 @@ class VerifyGraphRunner:
     def replay(self, batch: ForwardBatch, limits: torch.Tensor, forced: torch.Tensor) -> tuple[ModelOutput, Accepted]:
         """The trunk's outputs and the greedy decisions (limits, forced: [B] on the device)."""
         bs = batch.batch_size
-        bucket = self.buckets[bisect.bisect_left(self.buckets, bs)]
+        bucket = bucket_for(self.buckets, bs)
         s, t, end = self.static, bs * self.r, bucket * self.r
         for f in _PER_TOKEN:
             s[f][:t].copy_(getattr(batch, f))
