@@ -1,6 +1,7 @@
 """Turn `--model-path` into a local checkpoint directory, never touching the network.
 
-Accepted forms: nothing / `inkling-tiny` (the embedded test model, written on first use), a local
+Accepted forms: nothing / `inkling-tiny` (the embedded test model, written on first use),
+`inkling-tiny-nvfp4` (the same with NVFP4 routed experts, converted on first use), a local
 directory holding `config.json`, or a Hugging Face repo id (`org/name`) already present in the
 local hub cache. Downloads are deliberately out of scope: a serving process that silently pulls
 hundreds of GB at start-up is worse than one that fails with instructions.
@@ -65,9 +66,13 @@ def _find_in_hub_cache(repo_id: str, looked: list[str]) -> Path | None:
 def resolve_model_path(model: str | None) -> Path:
     """Local directory of the checkpoint named by `model` (see the module docstring)."""
     from sgl_inkling.models.inkling.tiny import TINY_NAME, ensure_tiny_checkpoint
+    from sgl_inkling.models.inkling.tiny_nvfp4 import NAME as TINY_NVFP4_NAME
+    from sgl_inkling.models.inkling.tiny_nvfp4 import ensure_tiny_nvfp4_checkpoint
 
     if model is None or model == TINY_NAME:
         return ensure_tiny_checkpoint()
+    if model == TINY_NVFP4_NAME:
+        return ensure_tiny_nvfp4_checkpoint()
 
     local = Path(model).expanduser()
     if local.is_dir():

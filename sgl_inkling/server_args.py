@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
+from sgl_inkling.models.inkling.quant_config import NVFP4_METHODS
 from sgl_inkling.models.inkling.tiny import TINY_NAME
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -41,6 +42,7 @@ class ServerArgs:
     model_path: str | None = None  # None: the embedded inkling-tiny
     tokenizer_path: str | None = None  # None: the model's directory
     load_format: str = "auto"
+    quantization: str | None = None  # None: the checkpoint's (BF16 or ModelOpt NVFP4 routed experts)
     trust_remote_code: bool = False  # accepted for SGLang compatibility; nothing remote is ever run
     served_model_name: str | None = None
     context_length: int | None = None  # None: the model's max_position_embeddings
@@ -104,6 +106,10 @@ class ServerArgs:
         g.add_argument("--tokenizer-path", default=d.tokenizer_path, help="Default: the model path.")
         g.add_argument("--load-format", choices=LOAD_FORMATS, default=d.load_format,
                        help="'dummy' initialises random weights on the device (benchmarks without a checkpoint).")
+        g.add_argument("--quantization", default=d.quantization,
+                       help=f"Routed-expert weight format; default: detected from the checkpoint "
+                            f"(hf_quant_config.json). {'/'.join(NVFP4_METHODS)}: ModelOpt NVFP4, which must match "
+                            "the checkpoint (with --load-format dummy: random NVFP4 experts).")
         g.add_argument("--trust-remote-code", action="store_true",
                        help="Accepted and ignored, for SGLang compatibility: Inkling's code is built in.")
         g.add_argument("--served-model-name", default=d.served_model_name,
@@ -219,6 +225,9 @@ class ServerArgs:
         choice("--dtype", self.dtype, DTYPES)
         choice("--device", self.device, DEVICES)
         choice("--load-format", self.load_format, LOAD_FORMATS)
+        if self.quantization is not None and self.quantization not in NVFP4_METHODS:
+            fail("--quantization", f"{self.quantization!r} is not supported; Inkling serves BF16 or ModelOpt NVFP4 "
+                                   f"routed experts ({', '.join(NVFP4_METHODS)}); the checkpoint's is detected")
         choice("--log-level", self.log_level, LOG_LEVELS)
         choice("--attention-backend", self.attention_backend, ATTENTION_BACKENDS, optional=True)
         choice("--grammar-backend", self.grammar_backend, ("xgrammar", "none"))

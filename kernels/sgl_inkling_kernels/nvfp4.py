@@ -42,3 +42,42 @@ def dequantize_nvfp4(
     block = scale.float().repeat_interleave(BLOCK, dim=-1)
     s2 = scale2.float().reshape(scale2.shape + (1,) * (packed.dim() - scale2.dim()))
     return (values * block * s2).to(dtype)
+
+
+# Midpoints between consecutive e2m1 magnitudes: a magnitude above bound k rounds up past code k.
+_E2M1_BOUNDS = (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0)
+
+
+def round_to_e2m1(q: torch.Tensor) -> torch.Tensor:
+    """fp32 values (already divided by their scales) -> int64 e2m1 codes, round to nearest, ties to the
+    even code (ModelOpt's cast), magnitudes past 6 clipped to 6; bit 3 carries the sign of negatives."""
+    bounds = torch.tensor(_E2M1_BOUNDS, dtype=torch.float32, device=q.device)
+    mag = q.abs()
+    code = torch.searchsorted(bounds, mag.contiguous())  # first bound >= mag: ties land on the lower code
+    at_bound = mag == bounds[code.clamp(max=len(_E2M1_BOUNDS) - 1)]
+    code = code + (at_bound & (code % 2 == 1)).long()  # a tie whose lower code is odd goes up to the even one
+    return code + 8 * (q < 0).long()
+
+
+def pack_codes(codes: torch.Tensor) -> torch.Tensor:
+    """int codes `[..., n]` -> uint8 `[..., n / 2]` (element 2j in the low nibble)."""
+    pairs = codes.unflatten(-1, (-1, 2))
+    return (pairs[..., 0] | (pairs[..., 1] << 4)).to(torch.uint8)
+
+
+def quantize_nvfp4(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`[E, rows, cols]` weights -> (codes uint8 `[E, rows, cols/2]`, scale fp8 `[E, rows, cols/16]`,
+    scale2 fp32 `[E]`) with ModelOpt's NVFP4 math: scale2 = amax(W_e) / (448 * 6); block scale =
+    amax(block) / (6 * scale2) rounded to fp8 e4m3; codes = w / (scale * scale2) rounded onto e2m1."""
+    if w.dim() != 3 or w.shape[-1] % BLOCK:
+        raise ValueError(f"quantize_nvfp4 needs [E, rows, cols] with cols a multiple of {BLOCK}, got {list(w.shape)}")
+    w = w.float()
+    amax = w.abs().amax(dim=(1, 2))
+    # An all-zero expert has no scale to derive: any positive scale2 encodes it (as zeros).
+    scale2 = torch.where(amax > 0, amax / (FP8_MAX * E2M1_MAX), torch.ones_like(amax))
+    blocks = w.unflatten(-1, (-1, BLOCK))
+    block_amax = blocks.abs().amax(dim=-1)
+    scale = (block_amax / (E2M1_MAX * scale2[:, None, None])).clamp(max=FP8_MAX).to(torch.float8_e4m3fn)
+    denom = scale.float()[..., None] * scale2[:, None, None, None]
+    q = torch.where(denom > 0, blocks / torch.where(denom > 0, denom, 1.0), 0.0)
+    return pack_codes(round_to_e2m1(q).flatten(-2)), scale, scale2

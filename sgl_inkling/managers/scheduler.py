@@ -43,7 +43,8 @@ class Scheduler(SpecDecodeMixin):
         self.tokenizer = get_tokenizer(server_args.tokenizer_path)
         device, dtype = server_args.resolved_device(), server_args.resolved_dtype()
         model = load_model(
-            model_path, dtype, device, server_args.load_format, enable_multimodal=server_args.enable_multimodal
+            model_path, dtype, device, server_args.load_format, enable_multimodal=server_args.enable_multimodal,
+            quantization=server_args.quantization,
         )
         cfg = model.cfg
         self.context_len = server_args.context_length or cfg.max_position_embeddings

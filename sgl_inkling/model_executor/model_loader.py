@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from pathlib import Path
 
 import torch
 
-from sgl_inkling.models.inkling.config import InklingConfig
+from sgl_inkling.models.inkling.config import SPARSE, InklingConfig
 from sgl_inkling.models.inkling.model import InklingForCausalLM
+from sgl_inkling.models.inkling.quant_config import (
+    check_experts_quantized,
+    detect_quantization,
+    resolve_quantization,
+)
 from sgl_inkling.models.inkling.weights import init_dummy_weights, load_safetensors, tower_modalities
 
 LOAD_FORMATS = ("auto", "safetensors", "dummy")
@@ -50,6 +56,16 @@ def resolve_modalities(
     return found
 
 
+def with_quantization(
+    config: InklingConfig, model_path: str | Path, quantization: str | None, load_format: str
+) -> InklingConfig:
+    """The config with its routed experts' format set from the checkpoint and `--quantization`."""
+    found = detect_quantization(model_path)
+    method = resolve_quantization(quantization, found, load_format)
+    check_experts_quantized(found, [i for i, t in enumerate(config.text.mlp_layer_types) if t == SPARSE])
+    return dataclasses.replace(config, text=dataclasses.replace(config.text, expert_quant=method))
+
+
 def load_model(
     model_path: str | Path,
     dtype: torch.dtype = torch.float32,
@@ -57,12 +73,14 @@ def load_model(
     load_format: str = "auto",
     progress: bool = True,
     enable_multimodal: bool | None = False,
+    quantization: str | None = None,
 ) -> InklingForCausalLM:
     """`enable_multimodal`: False builds the text model only; None (auto) builds the media towers
-    the checkpoint has; True requires at least one."""
+    the checkpoint has; True requires at least one. `quantization` (`--quantization`): None takes the
+    checkpoint's; an NVFP4 name must match it (or, with dummy weights, makes the routed experts NVFP4)."""
     if load_format not in LOAD_FORMATS:
         raise ValueError(f"--load-format must be one of {LOAD_FORMATS}, got {load_format!r}")
-    config = InklingConfig.from_file(model_path)
+    config = with_quantization(InklingConfig.from_file(model_path), model_path, quantization, load_format)
     modalities = resolve_modalities(config, model_path, load_format, enable_multimodal)
     model = build_model(config, dtype, device, modalities)
     if load_format == "dummy":

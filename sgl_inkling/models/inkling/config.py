@@ -64,6 +64,9 @@ class InklingTextConfig:
     rms_norm_eps: float
     max_position_embeddings: int
     mtp: MTPConfig | None
+    # Weight format of the routed experts: None (the activations' dtype) or "nvfp4" (set by the
+    # loader from the checkpoint's quantization config, see quant_config.py).
+    expert_quant: str | None = None
 
     def attn_shape(self, sliding: bool) -> tuple[int, int, int]:
         """(query heads, kv heads, head dim) of a sliding or full attention layer."""

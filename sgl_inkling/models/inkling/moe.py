@@ -17,9 +17,13 @@ from sgl_inkling.distributed.parallel_state import get_parallel
 from sgl_inkling.distributed.sharding import Shard, declare, local, split
 from sgl_inkling.layers.linear import Linear, linear
 from sgl_inkling.models.inkling.config import InklingTextConfig
+from sgl_inkling.models.inkling.quant_config import NVFP4
 from sgl_inkling_kernels._triton import use_triton
 from sgl_inkling_kernels.fused_moe import fused_moe
+from sgl_inkling_kernels.nvfp4 import BLOCK, dequantize_nvfp4
 from sgl_inkling_kernels.router import route
+
+FP8 = torch.float8_e4m3fn
 
 
 def swiglu_interleaved(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor) -> torch.Tensor:
@@ -71,6 +75,11 @@ class Router(nn.Module):
 
 
 class RoutedExperts(nn.Module):
+    """This rank's routed experts, held in the checkpoint's layout: `[E_loc, 2I_loc, H]` and
+    `[E_loc, H, I_loc]` in the activations' dtype, or NVFP4 (`cfg.expert_quant == "nvfp4"`): uint8
+    codes with the last dim halved, fp8 block scales with it divided by 16, one fp32 scale2 per
+    expert (`w13_weight_scale`, `w13_weight_scale2`, ...; layout in sgl_inkling_kernels/nvfp4.py)."""
+
     def __init__(self, cfg: InklingTextConfig):
         super().__init__()
         p = get_parallel()
@@ -82,15 +91,48 @@ class RoutedExperts(nn.Module):
             )
         e, i = e // p.ep_size, i // p.moe_tp_size
         self.first = p.ep_rank * e  # global id of this rank's first expert
-        self.w13_weight = nn.Parameter(torch.zeros(e, 2 * i, h))
-        self.w2_weight = nn.Parameter(torch.zeros(e, h, i))
+        self.nvfp4 = cfg.expert_quant == NVFP4
         experts = Shard(0, p.ep_rank, p.ep_size)
-        declare(self, "w13_weight", experts, Shard(1, p.moe_tp_rank, p.moe_tp_size))
-        declare(self, "w2_weight", experts, Shard(2, p.moe_tp_rank, p.moe_tp_size))
+        rows, cols = Shard(1, p.moe_tp_rank, p.moe_tp_size), Shard(2, p.moe_tp_rank, p.moe_tp_size)
+        if not self.nvfp4:
+            self.w13_weight = nn.Parameter(torch.zeros(e, 2 * i, h))
+            self.w2_weight = nn.Parameter(torch.zeros(e, h, i))
+            declare(self, "w13_weight", experts, rows)
+            declare(self, "w2_weight", experts, cols)
+            return
+        if h % BLOCK or i % BLOCK:
+            raise ValueError(
+                f"NVFP4 experts: the hidden size ({h}) and the per-rank expert intermediate size ({i} at "
+                f"--tp-size / --ep-size {p.moe_tp_size}) must be multiples of the {BLOCK}-wide scale blocks"
+            )
+        for name, (n_rows, n_cols), split_dim in (("w13_weight", (2 * i, h), rows), ("w2_weight", (h, i), cols)):
+            # Codes and their 16-wide scale blocks split on the same dim, so a shard keeps whole blocks.
+            self.register_parameter(name, _frozen(torch.zeros(e, n_rows, n_cols // 2, dtype=torch.uint8)))
+            self.register_parameter(f"{name}_scale", _frozen(torch.zeros(e, n_rows, n_cols // BLOCK, dtype=FP8)))
+            self.register_parameter(f"{name}_scale2", _frozen(torch.ones(e, dtype=torch.float32)))
+            declare(self, name, experts, split_dim)
+            declare(self, f"{name}_scale", experts, split_dim)
+            declare(self, f"{name}_scale2", experts)
+
+    @property
+    def num_local(self) -> int:
+        return self.w13_weight.shape[0]
+
+    def expert_weights(self, e: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """Local expert e's (w13, w2) in `dtype`: NVFP4 dequantized by the reference decoder."""
+        if not self.nvfp4:
+            return self.w13_weight[e], self.w2_weight[e]
+        return tuple(
+            dequantize_nvfp4(
+                getattr(self, n)[e : e + 1], getattr(self, f"{n}_scale")[e : e + 1],
+                getattr(self, f"{n}_scale2")[e : e + 1], dtype,
+            )[0]
+            for n in ("w13_weight", "w2_weight")
+        )  # fmt: skip
 
     def local_ids(self, ids: torch.Tensor) -> torch.Tensor:
         """Global expert ids -> this rank's expert index; experts held elsewhere map to E_local."""
-        n = self.w13_weight.shape[0]
+        n = self.num_local
         rel = ids - self.first
         return torch.where((rel >= 0) & (rel < n), rel, n)
 
@@ -99,12 +141,17 @@ class RoutedExperts(nn.Module):
         ids = self.local_ids(ids)
         # Loop over the experts actually hit: the reference path, exact and simple.
         for e in torch.unique(ids).tolist():
-            if e == self.w13_weight.shape[0]:
+            if e == self.num_local:
                 continue  # another rank's expert
             tok, slot = torch.where(ids == e)
-            y = swiglu_interleaved(x[tok], self.w13_weight[e], self.w2_weight[e])
+            y = swiglu_interleaved(x[tok], *self.expert_weights(e, x.dtype))
             out.index_add_(0, tok, (y * weights[tok, slot, None]).to(out.dtype))
         return out
+
+
+def _frozen(t: torch.Tensor) -> nn.Parameter:
+    # Integer and fp8 tensors cannot require grad; nothing here trains anyway.
+    return nn.Parameter(t, requires_grad=False)
 
 
 class SharedExperts(nn.Module):
@@ -140,9 +187,18 @@ class MoE(nn.Module):
             ids, w, gam = route(
                 linear(x.float(), g.weight.float()), g.bias, g.global_scale, g.top_k, g.route_scale, x.dtype
             )
+            foreign = get_parallel().ep_size > 1
+            if e.nvfp4:  # W4A16: codes and scales expanded to x.dtype in registers
+                from sgl_inkling_kernels.fused_moe_nvfp4 import fused_moe_nvfp4
+
+                return fused_moe_nvfp4(
+                    x, e.w13_weight, e.w13_weight_scale, e.w13_weight_scale2,
+                    e.w2_weight, e.w2_weight_scale, e.w2_weight_scale2, e.local_ids(ids), w,
+                    s.shared_w13_weight, s.shared_w2_weight, gam, foreign_ids=foreign,
+                )  # fmt: skip
             return fused_moe(
                 x, e.w13_weight, e.w2_weight, e.local_ids(ids), w, s.shared_w13_weight, s.shared_w2_weight, gam,
-                foreign_ids=get_parallel().ep_size > 1,
+                foreign_ids=foreign,
             )
         ids, weights, gammas = self.gate(x)
         return self.experts(x, ids, weights) + self.shared_experts(x, gammas)

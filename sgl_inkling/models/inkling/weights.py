@@ -15,12 +15,14 @@ from torch import nn
 from tqdm import tqdm
 
 from sgl_inkling.distributed.sharding import full_shape, param_shards, slices
+from sgl_inkling.models.inkling import nvfp4_weights
 
 logger = logging.getLogger(__name__)
 
 # Media towers: loaded when the model has them (multimodal on), skipped by a text-only model.
 _TOWER_PREFIXES = {"image": "model.visual.", "audio": "model.audio."}
-# Extra tensors of quantized checkpoints (e.g. NVFP4 routed experts) that this loader does not handle.
+# Extra tensors of quantized checkpoints: in a model built without quantized experts they mean the
+# checkpoint declares no quantization (no hf_quant_config.json / quantization_config).
 _QUANT_SUFFIXES = (".scale", ".scale2", ".input_amax", "_scale", "_scale_2", "_input_scale")
 
 
@@ -72,6 +74,7 @@ def load_safetensors(model: nn.Module, path: str | Path, progress: bool = True) 
     bar = tqdm(total=total, desc="Loading safetensors", unit="tensor", disable=not progress)
     skipped = 0
     skip = tuple(p for p in _TOWER_PREFIXES.values() if not any(n.startswith(p) for n in params))
+    nvfp4 = any(p.dtype == torch.uint8 for p in params.values())  # NVFP4 routed experts (RoutedExperts)
     for f, names in zip(files, names_per_file):
         with safe_open(f, framework="pt", device="cpu") as sf:
             for name in names:
@@ -79,25 +82,40 @@ def load_safetensors(model: nn.Module, path: str | Path, progress: bool = True) 
                 if skip and name.startswith(skip):
                     skipped += 1
                     continue
-                param = params.get(name)
-                if param is None:
-                    if name.endswith(_QUANT_SUFFIXES):
+                try:
+                    target, aux = nvfp4_weights.param_name(name) if nvfp4 else (name, None)
+                    if target is None and aux is not None:  # input_amax / original_shape: checked, dropped
+                        base = name[: -len(aux)]
+                        if base in params:
+                            codes = full_shape(tuple(params[base].shape), shards.get(base, ()))
+                            nvfp4_weights.check_aux(name, aux, sf.get_tensor(name), codes)
+                            continue
+                except nvfp4_weights.NVFP4TensorError as e:
+                    raise WeightLoadError(f"{e} (in {f.name})") from None
+                target = target or name
+                param = params.get(target)
+                if param is None or (not nvfp4 and sf.get_slice(name).get_dtype() == "U8"):
+                    if name.endswith(_QUANT_SUFFIXES) or param is not None:
                         raise WeightLoadError(
-                            f"tensor {name!r} ({f.name}): quantized checkpoints are not supported"
+                            f"tensor {name!r} ({f.name}) belongs to a quantized checkpoint, but {path} declares "
+                            "no quantization (hf_quant_config.json or config.json quantization_config)"
                         )
                     raise WeightLoadError(
                         f"unexpected tensor {name!r} in {f.name}: the model has no such weight"
                     )
                 view = sf.get_slice(name)
                 shape = tuple(view.get_shape())
-                expected = full_shape(tuple(param.shape), shards.get(name, ()))
+                expected = full_shape(tuple(param.shape), shards.get(target, ()))
                 if shape != expected:
                     raise WeightLoadError(
                         f"tensor {name!r} in {f.name} has shape {list(shape)}, expected {list(expected)}"
                     )
+                want = nvfp4_weights.expected_dtype(aux) if aux is not None else None
+                if want is not None and view.get_dtype() != want:
+                    raise WeightLoadError(f"tensor {name!r} in {f.name} has dtype {view.get_dtype()}, expected {want}")
                 with torch.no_grad():
-                    param.copy_(view[slices(shape, shards[name])] if name in shards else view[:])
-                loaded.add(name)
+                    param.copy_(view[slices(shape, shards[target])] if target in shards else view[:])
+                loaded.add(target)
     bar.close()
     missing = sorted(set(params) - loaded)
     if missing:
@@ -120,7 +138,9 @@ def init_dummy_weights(model: nn.Module, seed: int = 0) -> None:
         full = full_shape(tuple(param.shape), shards.get(name, ()))
         p = param if full == tuple(param.shape) else param.new_empty(full)
         with torch.no_grad():
-            if name.endswith(("norm.weight", "global_scale")):
+            if nvfp4_weights.fill_dummy(name, p, gen):
+                pass
+            elif name.endswith(("norm.weight", "global_scale")):
                 p.fill_(1.0)
             elif name.endswith("gate.bias"):
                 p.zero_()
