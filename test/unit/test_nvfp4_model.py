@@ -1,0 +1,147 @@
+"""inkling-tiny-nvfp4 in float32 against the same model with its dequantized experts stored as fp32
+tensors (the reference checkpoint, decoded here by the test's own NVFP4 decoder): logits within 1e-5
+relative, greedy 64 tokens identical, at TP 1, TP 2 and TP 2 with EP 2 (gloo ranks); and MTP on
+gives the greedy output of MTP off on the NVFP4 conversion of the draftable checkpoint."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from sgl_inkling.model_executor.model_loader import load_model
+from test.unit.nvfp4_greedy import NEW_TOKENS, greedy_batch, rank_main
+from test.unit.test_nvfp4_loader import decode, read
+from test.unit.tp_scenario import free_port
+
+from .helpers import prompt_logits, random_prompt, seq_runner
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Tiny matmuls: two threads on a loaded 2-core machine ran these loops 10x slower than one."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a - b).abs().max() / b.abs().max())
+
+
+def dequantized_checkpoint(src, dst):
+    """The NVFP4 checkpoint with each routed expert decoded to fp32 and its scales dropped: a plain
+    (unquantized) Inkling checkpoint holding exactly the weights NVFP4 represents."""
+    t = read(src)
+    out = {}
+    for name, x in t.items():
+        if name.endswith((".scale", ".scale2", ".input_amax", ".original_shape")):
+            continue
+        out[name] = decode(x, t[name + ".scale"], t[name + ".scale2"]) if x.dtype == torch.uint8 else x
+    dst.mkdir(parents=True, exist_ok=True)
+    save_file(out, str(dst / "model.safetensors"))
+    (dst / "config.json").write_text((src / "config.json").read_text())
+    return dst
+
+
+@pytest.fixture(scope="module")
+def paths(tmp_path_factory):
+    from sgl_inkling.models.inkling.tiny_nvfp4 import ensure_tiny_nvfp4_checkpoint
+
+    nvfp4 = ensure_tiny_nvfp4_checkpoint()
+    return nvfp4, dequantized_checkpoint(nvfp4, tmp_path_factory.mktemp("dequantized"))
+
+
+@pytest.fixture(scope="module")
+def models(paths):
+    nvfp4, ref = (load_model(p, torch.float32, "cpu", progress=False) for p in paths)
+    assert nvfp4.model.llm.layers[1].mlp.experts.nvfp4 and not ref.model.llm.layers[1].mlp.experts.nvfp4
+    return nvfp4, ref
+
+
+def test_prefill_logits_match_the_dequantized_reference(models):
+    nvfp4, ref = (seq_runner(m) for m in models)
+    for n, seed in ((5, 1), (40, 2), (100, 3)):  # within, across and far past the window of 16
+        got, want = prompt_logits(nvfp4, random_prompt(n, seed)), prompt_logits(ref, random_prompt(n, seed))
+        assert rel_err(got, want) <= 1e-5, n
+
+
+@pytest.fixture(scope="module")
+def greedy(models):
+    return tuple(greedy_batch(m) for m in models)
+
+
+def test_greedy_64_matches_the_dequantized_reference(greedy):
+    got, want = greedy
+    assert len(got["tokens"][0]) == NEW_TOKENS
+    assert got["tokens"] == want["tokens"]
+    assert len(set(got["tokens"][0])) > 4, "a degenerate (repeating) continuation would prove little"
+    assert rel_err(got["logits"], want["logits"]) <= 1e-5
+
+
+def run_ranks(path, out_dir, tp: int, ep: int) -> list[dict]:
+    ctx = mp.get_context("spawn")
+    port = free_port()
+    procs = [ctx.Process(target=rank_main, args=(r, tp, ep, port, str(path), str(out_dir))) for r in range(tp)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=240)
+    for p in procs:
+        if p.is_alive():
+            p.kill()
+        assert p.exitcode == 0, f"rank process {p.name} exited with {p.exitcode}"
+    return [torch.load(out_dir / f"rank{r}.pt") for r in range(tp)]
+
+
+@pytest.mark.parametrize("ep", [1, 2], ids=["tp2", "tp2-ep2"])
+def test_tensor_parallel_matches_the_dequantized_reference(paths, greedy, tmp_path, ep):
+    """Sharded NVFP4 (each rank's codes and scale blocks decode bit for bit: test_nvfp4_loader) gives
+    TP 1's greedy tokens; logits differ only by the order of the partial-sum reduction, as in BF16."""
+    for res in run_ranks(paths[0], tmp_path, 2, ep):
+        for tp1 in greedy:  # NVFP4 and the dequantized reference at TP 1
+            assert res["tokens"] == tp1["tokens"]
+            torch.testing.assert_close(res["logits"], tp1["logits"], rtol=1e-4, atol=1e-4)
+
+
+def run_scheduler(path: str, tmp_path, prompts: list[list[int]], mtp: bool) -> list[tuple]:
+    """Greedy requests through an in-process scheduler (one batch), MTP with 3 depths or off."""
+    from sgl_inkling.managers.io_struct import TokenizedGenerateReq
+    from sgl_inkling.managers.scheduler import Scheduler
+    from sgl_inkling.sampling.sampling_params import SamplingParams
+    from sgl_inkling.server_args import ServerArgs
+
+    spec = {"speculative_algorithm": "MTP", "speculative_num_steps": 3} if mtp else {}
+    args = ServerArgs(model_path=path, device="cpu", **spec)
+    args.check()
+    s = Scheduler(args, path, f"ipc://{tmp_path}/in{mtp}", f"ipc://{tmp_path}/out{mtp}")
+    try:
+        reqs = []
+        for i, p in enumerate(prompts):
+            sp = SamplingParams.from_dict({"ignore_eos": True, "temperature": 0, "max_new_tokens": 30})
+            s.handle(TokenizedGenerateReq(rid=f"r{i}", input_ids=list(p), sampling_params=sp))
+            reqs.append(s.waiting[-1])
+        while any(not r.finished for r in reqs):
+            s.step()
+            s.outbox.clear()
+        assert s.runner.model.model.llm.layers[1].mlp.experts.nvfp4
+        return [(r.output_ids, r.spec_verify_ct, r.spec_accepted_drafts) for r in reqs]
+    finally:
+        s.recv_sock.close(0)
+        s.send_sock.close(0)
+
+
+def test_mtp_greedy_equals_non_speculative(tmp_path):
+    from sgl_inkling.models.inkling.tiny_draftable import ensure_draftable_checkpoint
+    from sgl_inkling.models.inkling.tiny_nvfp4 import ensure_tiny_nvfp4_checkpoint
+
+    path = str(ensure_tiny_nvfp4_checkpoint(ensure_draftable_checkpoint(), "inkling-tiny-draftable-nvfp4"))
+    prompts = [random_prompt(n, seed=300 + n) for n in (7, 40)]
+    plain = run_scheduler(path, tmp_path, prompts, mtp=False)
+    spec = run_scheduler(path, tmp_path, prompts, mtp=True)
+    assert [x[0] for x in spec] == [x[0] for x in plain]
+    steps, accepted = sum(x[1] for x in spec), sum(x[2] for x in spec)
+    assert 0 < accepted < 3 * steps, "the workload must both accept and reject drafts"
