@@ -26,30 +26,37 @@ from sgl_inkling_kernels.nvfp4_decode import dequant_bf16_asm, dequant_portable,
 
 
 @triton.jit
-def _nvfp4_tile_dot(acc, a_ptr, a_ok, Codes, Scales, rows, row_ok, s_cr, s_sr, kb0, KB_TOT,
-                    KB: tl.constexpr, ASM: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr):  # fmt: skip
-    """acc [BM, BN] += a[:, k0:k0+2KB] @ W[rows, k0:k0+2KB]^T for one K tile of an NVFP4 weight."""
+def _nvfp4_wtile(Codes, Scales, rows, row_ok, s_cr, s_sr, kb0, KB_TOT, KB: tl.constexpr, ASM: tl.constexpr,
+                 HW_FP8: tl.constexpr, DT: tl.constexpr):  # fmt: skip
+    """One K step of an NVFP4 weight, transposed for the dot: (lo, hi) [KB, len(rows)], the weights of
+    elements 2 * kb and 2 * kb + 1 for code bytes kb0 .. kb0 + KB of `rows`."""
     G: tl.constexpr = KB // 8
     g = tl.arange(0, G)
-    j = tl.arange(0, 8)
-    byte = kb0 + g[:, None] * 8 + j[None, :]  # [G, 8]
-    c_ok = row_ok[:, None, None] & (byte < KB_TOT)[None, :, :]
-    codes = tl.load(Codes + rows[:, None, None] * s_cr + byte[None, :, :], mask=c_ok, other=0)
     grp = kb0 // 8 + g
     s_ok = row_ok[:, None] & (grp < KB_TOT // 8)[None, :]
+    # The mask is per 8-byte block (KB_TOT is a multiple of 8), so the loads stay vectorised.
+    byte = kb0 + g[:, None] * 8 + tl.arange(0, 8)[None, :]  # [G, 8]: a scale block is 8 bytes
+    codes = tl.load(Codes + rows[:, None, None] * s_cr + byte[None, :, :], mask=s_ok[:, :, None], other=0)
     sbits = tl.load(Scales + rows[:, None] * s_sr + grp[None, :], mask=s_ok, other=0)
-    scale = fp8_e4m3_to_f32(sbits)[:, :, None]
+    if HW_FP8:  # the GPU's fp8 conversion; the interpreter decodes the bits itself
+        scale = sbits.to(tl.float8e4nv, bitcast=True).to(tl.float32)[:, :, None]
+    else:
+        scale = fp8_e4m3_to_f32(sbits)[:, :, None]
     if ASM:
         lo, hi = dequant_bf16_asm(codes, scale)
     else:
-        lo, hi = dequant_portable(codes, scale, a_ptr.dtype.element_ty)
-    kl = tl.arange(0, KB)  # a_ptr already points at element 2 * kb0
-    k_ok = a_ok[:, None] & (kb0 + kl < KB_TOT)[None, :]
-    a_even = tl.load(a_ptr + (2 * kl)[None, :], mask=k_ok, other=0.0)
-    a_odd = tl.load(a_ptr + (2 * kl + 1)[None, :], mask=k_ok, other=0.0)
-    acc += mm(a_even, tl.trans(tl.reshape(lo, (lo.shape[0], KB))), UPCAST, PREC)
-    acc += mm(a_odd, tl.trans(tl.reshape(hi, (hi.shape[0], KB))), UPCAST, PREC)
-    return acc
+        lo, hi = dequant_portable(codes, scale, DT)
+    return tl.trans(tl.reshape(lo, (lo.shape[0], KB))), tl.trans(tl.reshape(hi, (hi.shape[0], KB)))
+
+
+@triton.jit
+def _split_k(a_ptr, a_ok, kb0, KB_TOT, KB: tl.constexpr):
+    """Activations of one K step split by parity: (even, odd) [BM, KB]; a_ptr points at element 2 * kb0.
+    Loaded contiguously and split in registers."""
+    k2 = tl.arange(0, 2 * KB)
+    ok = a_ok[:, None] & (2 * kb0 + k2 < 2 * KB_TOT)[None, :]
+    a = tl.load(a_ptr + k2[None, :], mask=ok, other=0.0)
+    return tl.split(tl.reshape(a, (a.shape[0], KB, 2)))
 
 
 @triton.jit
@@ -76,7 +83,7 @@ def _up_kernel(
     X, C13, S13, G13, SW13, Pairs, BlockExpert, Act,
     s_xt, s_ce, s_cr, s_se, s_sr, s_we, s_wr, s_at, H, N_INTER, num_pairs, T, n_sink_blocks,
     TOPK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, KB: tl.constexpr, BK_S: tl.constexpr,
-    ASM: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr,
+    ASM: tl.constexpr, HW_FP8: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr,
 ):  # fmt: skip
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
@@ -102,11 +109,14 @@ def _up_kernel(
         c_ptr = C13 + e.to(tl.int64) * s_ce
         s_ptr = S13 + e.to(tl.int64) * s_se
         for kb0 in range(0, H // 2, KB):
-            a_ptr = x_row + 2 * kb0
-            acc_g = _nvfp4_tile_dot(acc_g, a_ptr, valid, c_ptr, s_ptr, 2 * offs_n, n_ok, s_cr, s_sr,
-                                    kb0, H // 2, KB, ASM, UPCAST, PREC)  # fmt: skip
-            acc_u = _nvfp4_tile_dot(acc_u, a_ptr, valid, c_ptr, s_ptr, 2 * offs_n + 1, n_ok, s_cr, s_sr,
-                                    kb0, H // 2, KB, ASM, UPCAST, PREC)  # fmt: skip
+            a_even, a_odd = _split_k(x_row + 2 * kb0, valid, kb0, H // 2, KB)
+            g_lo, g_hi = _nvfp4_wtile(c_ptr, s_ptr, 2 * offs_n, n_ok, s_cr, s_sr, kb0, H // 2, KB, ASM, HW_FP8, X.dtype.element_ty)
+            acc_g += mm(a_even, g_lo, UPCAST, PREC)
+            acc_g += mm(a_odd, g_hi, UPCAST, PREC)
+            u_lo, u_hi = _nvfp4_wtile(c_ptr, s_ptr, 2 * offs_n + 1, n_ok, s_cr, s_sr, kb0, H // 2, KB, ASM,
+                                      HW_FP8, X.dtype.element_ty)  # fmt: skip
+            acc_u += mm(a_even, u_lo, UPCAST, PREC)
+            acc_u += mm(a_odd, u_hi, UPCAST, PREC)
         post = tl.load(G13 + e) * (128.0 if ASM else 1.0)  # the asm path's 2^-7
         acc_g *= post
         acc_u *= post
@@ -120,7 +130,7 @@ def _down_kernel(
     Act, C2, S2, G2, SW2, Pairs, BlockExpert, Weights, SinkWeights, Out,
     s_at, s_ce, s_cr, s_se, s_sr, s_we, s_wr, s_gt, s_ot, s_os, H, N_INTER, num_pairs, T, n_sink_blocks,
     TOPK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, KB: tl.constexpr, BK_S: tl.constexpr,
-    ASM: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr,
+    ASM: tl.constexpr, HW_FP8: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr,
 ):  # fmt: skip
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
@@ -145,8 +155,11 @@ def _down_kernel(
         c_ptr = C2 + e.to(tl.int64) * s_ce
         s_ptr = S2 + e.to(tl.int64) * s_se
         for kb0 in range(0, N_INTER // 2, KB):
-            acc = _nvfp4_tile_dot(acc, a_row + 2 * kb0, valid, c_ptr, s_ptr, offs_n, n_ok, s_cr, s_sr,
-                                  kb0, N_INTER // 2, KB, ASM, UPCAST, PREC)  # fmt: skip
+            a_even, a_odd = _split_k(a_row + 2 * kb0, valid, kb0, N_INTER // 2, KB)
+            w_lo, w_hi = _nvfp4_wtile(c_ptr, s_ptr, offs_n, n_ok, s_cr, s_sr, kb0, N_INTER // 2, KB, ASM,
+                                      HW_FP8, Act.dtype.element_ty)  # fmt: skip
+            acc += mm(a_even, w_lo, UPCAST, PREC)
+            acc += mm(a_odd, w_hi, UPCAST, PREC)
         gate = tl.load(Weights + arow, mask=valid, other=0.0).to(tl.float32)
         gate *= tl.load(G2 + e) * (128.0 if ASM else 1.0)  # the asm path's 2^-7
         slot = arow % TOPK
@@ -179,7 +192,7 @@ class Tiles:
 
     up_n: int = 32
     down_n: int = 64
-    kb: int = 128
+    kb: int = 64
     bk_sink: int = 128
     warps: int = 4
     stages: int = 3
@@ -269,7 +282,8 @@ def fused_moe_nvfp4(
     upcast, prec = dot_mode(x.dtype)
     s13, s2 = w13_scale.view(torch.uint8), w2_scale.view(torch.uint8)
     blocks = n_sink_blocks + block_expert.shape[0]
-    meta = dict(TOPK=k, BLOCK_M=block_m, KB=tiles.kb, BK_S=tiles.bk_sink, ASM=use_asm, UPCAST=upcast, PREC=prec,
+    meta = dict(TOPK=k, BLOCK_M=block_m, KB=tiles.kb, BK_S=tiles.bk_sink, ASM=use_asm, HW_FP8=not interpreting(),
+                UPCAST=upcast, PREC=prec,
                 num_warps=tiles.warps, num_stages=tiles.stages)  # fmt: skip
     _up_kernel[(triton.cdiv(inter, tiles.up_n), blocks)](
         x, w13, s13, w13_scale2, sw13, pairs, block_expert, act,

@@ -57,6 +57,7 @@ def dequant_bf16_asm(codes, scale):
     # $1 = lo(b2):lo(b3), $2 = hi(b0):hi(b1), $3 = hi(b2):hi(b3). prmt spreads two bytes into the two
     # 16-bit lanes; a nibble shifted to lane bits 12-15 has its sign at 15 and, shifted down 6 more,
     # its magnitude at 6-8; the two shifted copies do not overlap under the mask, so one or + and.
+    # For the high nibbles (masked first) the two shifts are one multiply by 2^8 + 2^2 (no carries).
     return tl.inline_asm_elementwise(
         asm="""
         {
@@ -75,15 +76,11 @@ def dequant_bf16_asm(codes, scale):
         and.b32 t, t, 0x81C081C0;
         fma.rn.bf16x2 $1, t, $6, z;
         and.b32 p, p, 0x00F000F0;
-        shl.b32 t, p, 8;
-        shl.b32 u, p, 2;
-        or.b32 t, t, u;
+        mul.lo.u32 t, p, 260;
         and.b32 t, t, 0x81C081C0;
         fma.rn.bf16x2 $2, t, $5, z;
         and.b32 q, q, 0x00F000F0;
-        shl.b32 t, q, 8;
-        shl.b32 u, q, 2;
-        or.b32 t, t, u;
+        mul.lo.u32 t, q, 260;
         and.b32 t, t, 0x81C081C0;
         fma.rn.bf16x2 $3, t, $6, z;
         }
