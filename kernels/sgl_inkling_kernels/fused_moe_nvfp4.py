@@ -1,0 +1,304 @@
+"""Fused MoE with NVFP4 routed experts (W4A16) and BF16 sink experts, one launch per projection.
+
+The routed experts' packed e2m1 codes and fp8 block scales stream from HBM in the checkpoint's own
+layout and are expanded to bf16 in registers (nvfp4_decode); bf16 MMA with fp32 accumulation, the
+per-expert scale2 applied to the accumulator. The sink ("shared") experts are BF16 programs of
+the same two launches, placed first in the grid: they are the heaviest programs, so the light
+routed ones fill in behind them instead of leaving a tail. Launches: moe_align (routed pairs
+sorted by expert, device-only), gate/up + SwiGLU, down scaled by the routing weight into a
+per-(token, slot) fp32 buffer, and a slot sum that skips foreign pairs (experts held by another
+rank). Every shape depends only on (tokens, top_k, experts): no host sync, CUDA-graph capturable.
+
+The N tile is the grid's fast axis, so batch 1 (6 experts x 1 row) still spreads over every SM.
+To read each tile's bytes contiguously the codes of a row are split by nibble: the low nibbles
+(elements 2j) multiply the even activations, the high nibbles the odd ones.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from sgl_inkling_kernels._triton import dot_mode, interpreting, mm, next_pow2, require_triton, tl, triton
+from sgl_inkling_kernels.fused_moe import moe_align
+from sgl_inkling_kernels.nvfp4_decode import dequant_bf16_asm, dequant_portable, fp8_e4m3_to_f32
+
+
+@triton.jit
+def _nvfp4_wtile(Codes, Scales, rows, row_ok, s_cr, s_sr, kb0, KB_TOT, KB: tl.constexpr, ASM: tl.constexpr,
+                 HW_FP8: tl.constexpr, DT: tl.constexpr):  # fmt: skip
+    """One K step of an NVFP4 weight, transposed for the dot: (lo, hi) [KB, len(rows)], the weights of
+    elements 2 * kb and 2 * kb + 1 for code bytes kb0 .. kb0 + KB of `rows`."""
+    G: tl.constexpr = KB // 8
+    g = tl.arange(0, G)
+    grp = kb0 // 8 + g
+    s_ok = row_ok[:, None] & (grp < KB_TOT // 8)[None, :]
+    # The mask is per 8-byte block (KB_TOT is a multiple of 8), so the loads stay vectorised.
+    byte = kb0 + g[:, None] * 8 + tl.arange(0, 8)[None, :]  # [G, 8]: a scale block is 8 bytes
+    codes = tl.load(Codes + rows[:, None, None] * s_cr + byte[None, :, :], mask=s_ok[:, :, None], other=0)
+    sbits = tl.load(Scales + rows[:, None] * s_sr + grp[None, :], mask=s_ok, other=0)
+    if HW_FP8:  # the GPU's fp8 conversion; the interpreter decodes the bits itself
+        scale = sbits.to(tl.float8e4nv, bitcast=True).to(tl.float32)[:, :, None]
+    else:
+        scale = fp8_e4m3_to_f32(sbits)[:, :, None]
+    if ASM:
+        lo, hi = dequant_bf16_asm(codes, scale)
+    else:
+        lo, hi = dequant_portable(codes, scale, DT)
+    return tl.trans(tl.reshape(lo, (lo.shape[0], KB))), tl.trans(tl.reshape(hi, (hi.shape[0], KB)))
+
+
+@triton.jit
+def _split_k(a_ptr, a_ok, kb0, KB_TOT, KB: tl.constexpr):
+    """Activations of one K step split by parity: (even, odd) [BM, KB]; a_ptr points at element 2 * kb0.
+    Loaded contiguously and split in registers."""
+    k2 = tl.arange(0, 2 * KB)
+    ok = a_ok[:, None] & (2 * kb0 + k2 < 2 * KB_TOT)[None, :]
+    a = tl.load(a_ptr + k2[None, :], mask=ok, other=0.0)
+    return tl.split(tl.reshape(a, (a.shape[0], KB, 2)))
+
+
+@triton.jit
+def _rows(pid_m, Pairs, BlockExpert, num_pairs, T, n_sink_blocks, TOPK: tl.constexpr, BLOCK_M: tl.constexpr):
+    """(tokens, valid, act rows, routed expert or -1 for a sink block, sink index) of a row block.
+
+    Sink block b covers tokens (b % tb) * BLOCK_M.. of sink b // tb; its act rows follow the pairs'."""
+    tb = tl.cdiv(T, BLOCK_M)
+    is_sink = pid_m < n_sink_blocks
+    r = tl.maximum(pid_m - n_sink_blocks, 0)
+    m = tl.arange(0, BLOCK_M)
+    s = pid_m // tb
+    pair = tl.load(Pairs + r * BLOCK_M + m)
+    tok_s = (pid_m % tb) * BLOCK_M + m
+    tok = tl.where(is_sink, tok_s, pair // TOPK)
+    valid = tl.where(is_sink, tok_s < T, pair < num_pairs)
+    arow = tl.where(is_sink, num_pairs + s * T + tok_s, pair)
+    e = tl.where(is_sink, -1, tl.load(BlockExpert + r).to(tl.int32))
+    return tok, valid, arow, e, s
+
+
+@triton.jit
+def _up_kernel(
+    X, C13, S13, G13, SW13, Pairs, BlockExpert, Act,
+    s_xt, s_ce, s_cr, s_se, s_sr, s_we, s_wr, s_at, H, N_INTER, num_pairs, T, n_sink_blocks,
+    TOPK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, KB: tl.constexpr, BK_S: tl.constexpr,
+    ASM: tl.constexpr, HW_FP8: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr,
+):  # fmt: skip
+    pid_n = tl.program_id(0)
+    pid_m = tl.program_id(1)
+    tok, valid, arow, e, s = _rows(pid_m, Pairs, BlockExpert, num_pairs, T, n_sink_blocks, TOPK, BLOCK_M)
+    if (pid_m >= n_sink_blocks) & (e < 0):
+        return  # a routed block past the last real one (the grid is sized for the worst case)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = offs_n < N_INTER
+    acc_g = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    acc_u = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    x_row = X + tok[:, None] * s_xt
+    if e < 0:  # BF16 sink expert s
+        offs_k = tl.arange(0, BK_S)
+        w_ptr = SW13 + s * s_we + (2 * offs_n)[None, :] * s_wr + offs_k[:, None]  # [K, N] view
+        for k0 in range(0, H, BK_S):
+            k_ok = offs_k < H - k0
+            a = tl.load(x_row + k0 + offs_k[None, :], mask=valid[:, None] & k_ok[None, :], other=0.0)
+            wg = tl.load(w_ptr + k0, mask=k_ok[:, None] & n_ok[None, :], other=0.0)
+            wu = tl.load(w_ptr + k0 + s_wr, mask=k_ok[:, None] & n_ok[None, :], other=0.0)
+            acc_g += mm(a, wg, UPCAST, PREC)
+            acc_u += mm(a, wu, UPCAST, PREC)
+    else:  # NVFP4 routed expert e: gate rows 2n, up rows 2n + 1
+        c_ptr = C13 + e.to(tl.int64) * s_ce
+        s_ptr = S13 + e.to(tl.int64) * s_se
+        for kb0 in range(0, H // 2, KB):
+            a_even, a_odd = _split_k(x_row + 2 * kb0, valid, kb0, H // 2, KB)
+            g_lo, g_hi = _nvfp4_wtile(c_ptr, s_ptr, 2 * offs_n, n_ok, s_cr, s_sr, kb0, H // 2, KB, ASM, HW_FP8, X.dtype.element_ty)
+            acc_g += mm(a_even, g_lo, UPCAST, PREC)
+            acc_g += mm(a_odd, g_hi, UPCAST, PREC)
+            u_lo, u_hi = _nvfp4_wtile(c_ptr, s_ptr, 2 * offs_n + 1, n_ok, s_cr, s_sr, kb0, H // 2, KB, ASM,
+                                      HW_FP8, X.dtype.element_ty)  # fmt: skip
+            acc_u += mm(a_even, u_lo, UPCAST, PREC)
+            acc_u += mm(a_odd, u_hi, UPCAST, PREC)
+        post = tl.load(G13 + e) * (128.0 if ASM else 1.0)  # the asm path's 2^-7
+        acc_g *= post
+        acc_u *= post
+    act = acc_g * tl.sigmoid(acc_g) * acc_u  # silu(gate) * up
+    tl.store(Act + arow[:, None] * s_at + offs_n[None, :], act.to(Act.dtype.element_ty),
+             mask=valid[:, None] & n_ok[None, :])  # fmt: skip
+
+
+@triton.jit
+def _down_kernel(
+    Act, C2, S2, G2, SW2, Pairs, BlockExpert, Weights, SinkWeights, Out,
+    s_at, s_ce, s_cr, s_se, s_sr, s_we, s_wr, s_gt, s_ot, s_os, H, N_INTER, num_pairs, T, n_sink_blocks,
+    TOPK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, KB: tl.constexpr, BK_S: tl.constexpr,
+    ASM: tl.constexpr, HW_FP8: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr,
+):  # fmt: skip
+    pid_n = tl.program_id(0)
+    pid_m = tl.program_id(1)
+    tok, valid, arow, e, s = _rows(pid_m, Pairs, BlockExpert, num_pairs, T, n_sink_blocks, TOPK, BLOCK_M)
+    if (pid_m >= n_sink_blocks) & (e < 0):
+        return
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = offs_n < H
+    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    a_row = Act + arow[:, None] * s_at
+    if e < 0:
+        offs_k = tl.arange(0, BK_S)
+        w_ptr = SW2 + s * s_we + offs_n[None, :] * s_wr + offs_k[:, None]  # [K, N] view of [H, I]
+        for k0 in range(0, N_INTER, BK_S):
+            k_ok = offs_k < N_INTER - k0
+            a = tl.load(a_row + k0 + offs_k[None, :], mask=valid[:, None] & k_ok[None, :], other=0.0)
+            w = tl.load(w_ptr + k0, mask=k_ok[:, None] & n_ok[None, :], other=0.0)
+            acc += mm(a, w, UPCAST, PREC)
+        gate = tl.load(SinkWeights + tok * s_gt + s, mask=valid, other=0.0).to(tl.float32)
+        slot = TOPK + s + 0 * tok
+    else:
+        c_ptr = C2 + e.to(tl.int64) * s_ce
+        s_ptr = S2 + e.to(tl.int64) * s_se
+        for kb0 in range(0, N_INTER // 2, KB):
+            a_even, a_odd = _split_k(a_row + 2 * kb0, valid, kb0, N_INTER // 2, KB)
+            w_lo, w_hi = _nvfp4_wtile(c_ptr, s_ptr, offs_n, n_ok, s_cr, s_sr, kb0, N_INTER // 2, KB, ASM,
+                                      HW_FP8, Act.dtype.element_ty)  # fmt: skip
+            acc += mm(a_even, w_lo, UPCAST, PREC)
+            acc += mm(a_odd, w_hi, UPCAST, PREC)
+        gate = tl.load(Weights + arow, mask=valid, other=0.0).to(tl.float32)
+        gate *= tl.load(G2 + e) * (128.0 if ASM else 1.0)  # the asm path's 2^-7
+        slot = arow % TOPK
+    out_ptr = Out + tok[:, None] * s_ot + slot[:, None] * s_os + offs_n[None, :]
+    tl.store(out_ptr, acc * gate[:, None], mask=valid[:, None] & n_ok[None, :])
+
+
+@triton.jit
+def _sum_slots_kernel(Out, Ids, Y, s_ot, s_os, s_yt, H, num_experts,
+                      TOPK: tl.constexpr, SLOTS: tl.constexpr, BLOCK: tl.constexpr):  # fmt: skip
+    """y[t] = sum of the slots of token t, leaving out routed slots of foreign experts (never written)."""
+    t = tl.program_id(0)
+    offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    ok = offs < H
+    acc = tl.zeros([BLOCK], tl.float32)
+    for k in tl.static_range(SLOTS):
+        if k < TOPK:
+            m = ok & (tl.load(Ids + t * TOPK + k + 0 * offs) < num_experts)
+        else:
+            m = ok
+        acc += tl.load(Out + t * s_ot + k * s_os + offs, mask=m, other=0.0)
+    tl.store(Y + t * s_yt + offs, acc.to(Y.dtype.element_ty), mask=ok)
+
+
+@dataclass(frozen=True)
+class Tiles:
+    """Launch shapes. up_n: intermediate columns per gate/up program (it reads 2 * up_n weight rows);
+    down_n: hidden rows per down program; kb: code bytes per row per K step (2 * kb elements);
+    bk_sink: elements per K step of the BF16 sinks."""
+
+    up_n: int = 32
+    down_n: int = 64
+    kb: int = 64
+    bk_sink: int = 128
+    warps: int = 4
+    stages: int = 3
+
+
+INTERPRETER_TILES = Tiles(up_n=16, down_n=16, kb=16, bk_sink=16, warps=4, stages=1)
+
+
+def _check(x, w13, w13_scale, w13_scale2, w2, w2_scale, w2_scale2, shared_w13, shared_w2) -> None:
+    require_triton()
+    e, two_i, hb = w13.shape
+    h, i = 2 * hb, two_i // 2
+    want = {
+        "w13": (w13, torch.uint8, (e, two_i, hb)),
+        "w13_scale": (w13_scale, torch.float8_e4m3fn, (e, two_i, h // 16)),
+        "w13_scale2": (w13_scale2, torch.float32, (e,)),
+        "w2": (w2, torch.uint8, (e, h, i // 2)),
+        "w2_scale": (w2_scale, torch.float8_e4m3fn, (e, h, i // 16)),
+        "w2_scale2": (w2_scale2, torch.float32, (e,)),
+    }
+    if shared_w13 is not None:
+        s = shared_w13.shape[0]
+        want["shared_w13"] = (shared_w13, x.dtype, (s, two_i, h))
+        want["shared_w2"] = (shared_w2, x.dtype, (s, h, i))
+    for name, (t, dtype, shape) in want.items():
+        if t.dtype != dtype or tuple(t.shape) != shape or t.stride(-1) != 1:
+            raise ValueError(f"fused_moe_nvfp4: {name} must be {dtype} {list(shape)} with contiguous rows, "
+                             f"got {t.dtype} {list(t.shape)}")  # fmt: skip
+    if x.shape[-1] != h or h % 16 or i % 16:
+        raise ValueError(f"fused_moe_nvfp4: x is [T, {x.shape[-1]}], experts want hidden {h} (16 | H, 16 | I)")
+
+
+def fused_moe_nvfp4(
+    x: torch.Tensor,  # [T, H] bf16 (fp32 for tests)
+    w13: torch.Tensor,  # uint8 [E, 2I, H/2] codes, gate/up rows interleaved
+    w13_scale: torch.Tensor,  # float8_e4m3fn [E, 2I, H/16]
+    w13_scale2: torch.Tensor,  # fp32 [E]
+    w2: torch.Tensor,  # uint8 [E, H, I/2]
+    w2_scale: torch.Tensor,  # float8_e4m3fn [E, H, I/16]
+    w2_scale2: torch.Tensor,  # fp32 [E]
+    ids: torch.Tensor,  # [T, k] int64 local expert ids (E = held by another rank when foreign_ids)
+    weights: torch.Tensor,  # [T, k] routing weights
+    shared_w13: torch.Tensor | None = None,  # BF16 sinks [S, 2I, H]
+    shared_w2: torch.Tensor | None = None,  # [S, H, I]
+    shared_weights: torch.Tensor | None = None,  # [T, S] sink gammas
+    foreign_ids: bool = False,  # ids may be E: those pairs contribute zero
+    *,
+    max_tokens: int = 4096,
+    tiles: Tiles | None = None,
+    asm: bool | None = None,  # bf16 decode in PTX (default on the GPU for bf16 x)
+) -> torch.Tensor:
+    """fused_moe(x, dequantize_nvfp4(w13..), dequantize_nvfp4(w2..), ids, weights, sinks...) without
+    ever materialising the dequantized experts; [T, H] in x's dtype, summed in fp32.
+
+    Long prefills go through in chunks of `max_tokens` (the per-slot fp32 buffer is [T, k + S, H])."""
+    _check(x, w13, w13_scale, w13_scale2, w2, w2_scale, w2_scale2, shared_w13, shared_w2)
+    x = x if x.stride(-1) == 1 else x.contiguous()
+    t, k = ids.shape
+    if t > max_tokens:
+        out = torch.empty_like(x)
+        for a in range(0, t, max_tokens):
+            b = min(t, a + max_tokens)
+            sw = shared_weights[a:b] if shared_weights is not None else None
+            out[a:b] = fused_moe_nvfp4(x[a:b], w13, w13_scale, w13_scale2, w2, w2_scale, w2_scale2, ids[a:b],
+                                       weights[a:b], shared_w13, shared_w2, sw, foreign_ids,
+                                       max_tokens=max_tokens, tiles=tiles, asm=asm)  # fmt: skip
+        return out
+    if t == 0:
+        return torch.zeros_like(x)
+    n_exp, two_i, _ = w13.shape
+    h, inter = x.shape[1], two_i // 2
+    n_pairs = t * k
+    tiles = tiles or (INTERPRETER_TILES if interpreting() else Tiles())
+    use_asm = (not interpreting() and x.dtype == torch.bfloat16) if asm is None else asm
+    if use_asm and x.dtype != torch.bfloat16:
+        raise ValueError("fused_moe_nvfp4: the asm decode produces bf16 weights, x must be bf16")
+    block_m = 16 if interpreting() or n_pairs < 4 * n_exp else 64
+    ids = ids.contiguous()
+    pairs, block_expert = moe_align(ids, n_exp, block_m)
+    n_shared = shared_w13.shape[0] if shared_w13 is not None else 0
+    n_sink_blocks = n_shared * triton.cdiv(t, block_m)
+    # Sink act rows follow the pairs' (sink s, token t at n_pairs + s * T + t).
+    act = torch.empty(n_pairs + n_shared * t, inter, dtype=x.dtype, device=x.device)
+    out = torch.empty(t, k + n_shared, h, dtype=torch.float32, device=x.device)  # foreign slots stay unread
+    sw13, sw2 = (shared_w13, shared_w2) if n_shared else (x[:1].view(1, 1, h), x[:1].view(1, h, 1))
+    gam = shared_weights.contiguous() if n_shared else weights
+    upcast, prec = dot_mode(x.dtype)
+    s13, s2 = w13_scale.view(torch.uint8), w2_scale.view(torch.uint8)
+    blocks = n_sink_blocks + block_expert.shape[0]
+    meta = dict(TOPK=k, BLOCK_M=block_m, KB=tiles.kb, BK_S=tiles.bk_sink, ASM=use_asm, HW_FP8=not interpreting(),
+                UPCAST=upcast, PREC=prec,
+                num_warps=tiles.warps, num_stages=tiles.stages)  # fmt: skip
+    _up_kernel[(triton.cdiv(inter, tiles.up_n), blocks)](
+        x, w13, s13, w13_scale2, sw13, pairs, block_expert, act,
+        x.stride(0), w13.stride(0), w13.stride(1), s13.stride(0), s13.stride(1), sw13.stride(0), sw13.stride(1),
+        act.stride(0), h, inter, n_pairs, t, n_sink_blocks, BLOCK_N=tiles.up_n, **meta,
+    )  # fmt: skip
+    _down_kernel[(triton.cdiv(h, tiles.down_n), blocks)](
+        act, w2, s2, w2_scale2, sw2, pairs, block_expert, weights.contiguous(), gam, out,
+        act.stride(0), w2.stride(0), w2.stride(1), s2.stride(0), s2.stride(1), sw2.stride(0), sw2.stride(1),
+        gam.stride(0), out.stride(0), out.stride(1), h, inter, n_pairs, t, n_sink_blocks,
+        BLOCK_N=tiles.down_n, **meta,
+    )  # fmt: skip
+    y = torch.empty_like(x)
+    block = min(next_pow2(h), 64 if interpreting() else 1024)
+    _sum_slots_kernel[(t, triton.cdiv(h, block))](
+        out, ids, y, out.stride(0), out.stride(1), y.stride(0), h, n_exp, TOPK=k, SLOTS=k + n_shared, BLOCK=block
+    )  # fmt: skip
+    return y
