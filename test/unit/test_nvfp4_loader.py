@@ -178,9 +178,10 @@ NAME = W2.format(2)
         (lambda t: t.__setitem__(NAME + ".input_amax", torch.ones(3)), "input_amax"),
         (lambda t: t.pop(NAME + ".scale2"), re.escape(NAME + "_scale2")),
         (lambda t: t.__setitem__(NAME + ".weight_global_scale", torch.ones(8)), "compressed-tensors"),
+        (lambda t: t.__setitem__("model.llm.layers.1.attn.wq_du.weight.scale", torch.ones(2)), "only the routed"),
     ],
     ids=["scale-f32", "codes-i8", "scale2-f64", "codes-shape", "scale-shape", "original-shape", "input-amax",
-         "missing-scale2", "compressed-tensors"],
+         "missing-scale2", "compressed-tensors", "quantized-attention"],
 )  # fmt: skip
 def test_bad_nvfp4_tensor_is_refused_naming_it(tmp_path, nvfp4_path, ckpt, edit, match):
     path = write_variant(tmp_path, nvfp4_path, ckpt, edit)
