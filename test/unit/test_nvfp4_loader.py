@@ -190,6 +190,11 @@ def test_bad_nvfp4_tensor_is_refused_naming_it(tmp_path, nvfp4_path, ckpt, edit,
 
 
 def test_quantization_flag_against_the_checkpoint(tmp_path, tiny_path, nvfp4_path):
+    from sgl_inkling.server_args import ServerArgs, ServerArgsError, parse_server_args
+
+    assert parse_server_args(["--quantization", "modelopt_fp4", "--device", "cpu"]).quantization == "modelopt_fp4"
+    with pytest.raises(ServerArgsError, match="--quantization: 'gptq' is not supported"):
+        ServerArgs(quantization="gptq", device="cpu").check()
     for alias in ("modelopt_fp4", "modelopt", "nvfp4"):
         assert load_rank(nvfp4_path, quantization=alias).model.llm.layers[1].mlp.experts.nvfp4
     with pytest.raises(QuantizationError, match="--quantization modelopt_fp4: the checkpoint is not quantized"):
