@@ -3,12 +3,13 @@ layer and for the LM head, against the memory-bandwidth floor (bytes that must b
 
     python benchmark/bench_one_batch.py --config slice --batch-size 1 64        # on the H200
     python benchmark/bench_one_batch.py --config tiny --device cpu --batch-size 1 2   # smoke test
+    python benchmark/bench_one_batch.py --config slice --batch-size 1 64 --quantization modelopt_fp4  # NVFP4 experts
 
 Weights are dummy (initialised on the device). Timing: CUDA events around the forward and at each
 layer boundary (forward hooks), warm-up first, medians over the timed steps. The floor of a layer
 counts its attention weights, norms and short convs, the router, the shared experts, the distinct
-routed experts the batch actually selected in that step, the KV it reads and the conv state it
-reads and writes. Writes one JSON file under benchmark/results/.
+routed experts the batch actually selected in that step (with NVFP4 experts, their codes and
+block scales: 0.5625 bytes per weight), the KV it reads and the conv state it reads and writes. Writes one JSON file under benchmark/results/.
 """
 
 from __future__ import annotations
@@ -32,10 +33,11 @@ sys.path[:0] = [str(ROOT), str(ROOT / "kernels")]
 
 from sgl_inkling.model_executor.cuda_graph_runner import capture_forward  # noqa: E402
 from sgl_inkling.model_executor.forward_batch import ForwardBatch, ForwardMode  # noqa: E402
-from sgl_inkling.model_executor.model_loader import build_model  # noqa: E402
+from sgl_inkling.model_executor.model_loader import build_model, with_expert_quant  # noqa: E402
 from sgl_inkling.model_executor.model_runner import ModelRunner  # noqa: E402
 from sgl_inkling.models.inkling.config import SLIDING, InklingConfig  # noqa: E402
 from sgl_inkling.models.inkling.moe import MoE  # noqa: E402
+from sgl_inkling.models.inkling.quant_config import NVFP4_METHODS, resolve_quantization  # noqa: E402
 from sgl_inkling.models.inkling.slice_config import (  # noqa: E402
     NUM_FULL_MODEL_LAYERS,
     NUM_FULL_MODEL_SLIDING,
@@ -121,8 +123,9 @@ def layer_floor_bytes(layer, cfg, seq_lens: list[int], routed_ids: torch.Tensor 
     total = nbytes(layer) - nbytes(mlp)  # attention, norms, short convs
     if isinstance(mlp, MoE):
         total += nbytes(mlp.gate) + nbytes(mlp.shared_experts)
-        experts = mlp.experts
-        per_expert = (experts.w13_weight[0].numel() + experts.w2_weight[0].numel()) * experts.w13_weight.element_size()
+        # One expert's slice of every routed-expert tensor: w13 and w2, and with NVFP4 their block
+        # scales and scale2 (codes 0.5 + scales 1/16 bytes per weight).
+        per_expert = sum(p[0].numel() * p.element_size() for p in mlp.experts.parameters())
         total += int(torch.unique(routed_ids).numel()) * per_expert
     else:
         total += nbytes(mlp)
@@ -435,6 +438,8 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--mtp-accept", type=float, nargs="+", default=[1.0, 2.5, 4.5, 9.0],
                    help="forced tokens per verify step (accepted drafts + 1)")
     p.add_argument("--load-format", choices=("dummy",), default="dummy")
+    p.add_argument("--quantization", choices=NVFP4_METHODS, default=None,
+                   help="routed experts in NVFP4 (random codes and scales; W4A16 kernel on CUDA); default BF16")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--result-file", type=Path, default=None)
     args = p.parse_args(argv)
@@ -444,7 +449,9 @@ def main(argv: list[str] | None = None) -> dict:
     args.attention_backend = args.attention_backend or ("triton" if cuda else "torch_native")
     args.input_len = args.input_len or (1024 if args.config == "slice" else 40)
     config = slice_config() if args.config == "slice" else InklingConfig.from_dict(TINY_CONFIG)
-    name = "inkling-slice" if args.config == "slice" else "inkling-tiny"
+    expert_quant = resolve_quantization(args.quantization, None, "dummy")
+    config = with_expert_quant(config, expert_quant)
+    name = ("inkling-slice" if args.config == "slice" else "inkling-tiny") + ("-nvfp4" if expert_quant else "")
 
     t0 = time.perf_counter()
     model = build_model(config, dtype, device)
@@ -482,6 +489,7 @@ def main(argv: list[str] | None = None) -> dict:
         "attention_backend": args.attention_backend,
         "cuda_graph": bool(args.cuda_graph),
         "load_format": args.load_format,
+        "routed_experts": expert_quant or str(dtype).removeprefix("torch."),
         "bandwidth_bytes_per_s": HBM_BYTES_PER_S,
         "decode_steps": args.decode_steps,
         "warmup_steps": args.warmup_steps,

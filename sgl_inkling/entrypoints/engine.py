@@ -12,6 +12,7 @@ from sgl_inkling.entrypoints.subprocesses import start_backend
 from sgl_inkling.managers.io_struct import GenerateReqInput
 from sgl_inkling.managers.tokenizer_manager import TokenizerManager
 from sgl_inkling.model_resolution import resolve_model_path
+from sgl_inkling.models.inkling.quant_config import check_quantization
 from sgl_inkling.server_args import ServerArgs
 
 
@@ -25,6 +26,7 @@ class Engine:
         self.server_args = ServerArgs(**kwargs)
         self.server_args.check()
         model_path = resolve_model_path(self.server_args.model_path)
+        check_quantization(self.server_args.quantization, model_path, self.server_args.load_format)
         self.backend = start_backend(self.server_args, str(model_path))
         self.backend.info["model_path"] = str(model_path)
         self.tm = TokenizerManager(

@@ -13,6 +13,7 @@ from sgl_inkling.entrypoints.subprocesses import start_backend
 from sgl_inkling.managers.subprocess_utils import configure_logging
 from sgl_inkling.managers.tokenizer_manager import TokenizerManager
 from sgl_inkling.model_resolution import ModelNotFoundError, resolve_model_path
+from sgl_inkling.models.inkling.quant_config import check_quantization
 
 logger = logging.getLogger("sglang.launch_server")
 
@@ -21,6 +22,7 @@ def launch_server(server_args) -> None:
     configure_logging(server_args.log_level)
     try:
         model_path = resolve_model_path(server_args.model_path)
+        check_quantization(server_args.quantization, model_path, server_args.load_format)
     except (ModelNotFoundError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(1)

@@ -63,6 +63,11 @@ def with_quantization(
     found = detect_quantization(model_path)
     method = resolve_quantization(quantization, found, load_format)
     check_experts_quantized(found, [i for i, t in enumerate(config.text.mlp_layer_types) if t == SPARSE])
+    return with_expert_quant(config, method)
+
+
+def with_expert_quant(config: InklingConfig, method: str | None) -> InklingConfig:
+    """The config with routed experts in `method` (None: the activations' dtype, "nvfp4")."""
     return dataclasses.replace(config, text=dataclasses.replace(config.text, expert_quant=method))
 
 

@@ -40,6 +40,7 @@ EXCLUDE_MODULES = [
 ]  # fmt: skip
 UNCALIBRATED_INPUT_AMAX = FP8_MAX * E2M1_MAX
 _WEIGHT_FILES = (".safetensors", ".safetensors.index.json")
+_EXPERTS_PER_CHUNK = 8
 
 
 def hf_quant_config() -> dict:
@@ -55,8 +56,11 @@ def hf_quant_config() -> dict:
 
 
 def quantized_tensors(name: str, w: torch.Tensor) -> dict[str, torch.Tensor]:
-    """One routed-expert weight `[E, rows, cols]` -> the five tensors of the real layout."""
-    codes, scale, scale2 = quantize_nvfp4(w)
+    """One routed-expert weight `[E, rows, cols]` -> the five tensors of the real layout. Experts are
+    independent (scale2 is per expert), so they are quantized a few at a time: full-size Inkling's
+    w13 is 256 x 6144 x 6144, 38 GB in the fp32 the math runs in."""
+    parts = [quantize_nvfp4(w[e : e + _EXPERTS_PER_CHUNK]) for e in range(0, w.shape[0], _EXPERTS_PER_CHUNK)]
+    codes, scale, scale2 = (torch.cat(x) for x in zip(*parts))
     return {
         name: codes,
         f"{name}.scale": scale,

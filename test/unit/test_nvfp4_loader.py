@@ -19,6 +19,8 @@ from sgl_inkling.models.inkling.quant_config import QuantizationError
 from sgl_inkling.models.inkling.tiny import TINY_CONFIG
 from sgl_inkling.models.inkling.weights import WeightLoadError
 
+from .helpers import prompt_logits, seq_runner
+
 E2M1 = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0]
 TEXT = TINY_CONFIG["text_config"]
 MOE_LAYERS = [i for i, t in enumerate(TEXT["mlp_layer_types"]) if t == "sparse"]
@@ -176,9 +178,10 @@ NAME = W2.format(2)
         (lambda t: t.__setitem__(NAME + ".input_amax", torch.ones(3)), "input_amax"),
         (lambda t: t.pop(NAME + ".scale2"), re.escape(NAME + "_scale2")),
         (lambda t: t.__setitem__(NAME + ".weight_global_scale", torch.ones(8)), "compressed-tensors"),
+        (lambda t: t.__setitem__("model.llm.layers.1.attn.wq_du.weight.scale", torch.ones(2)), "only the routed"),
     ],
     ids=["scale-f32", "codes-i8", "scale2-f64", "codes-shape", "scale-shape", "original-shape", "input-amax",
-         "missing-scale2", "compressed-tensors"],
+         "missing-scale2", "compressed-tensors", "quantized-attention"],
 )  # fmt: skip
 def test_bad_nvfp4_tensor_is_refused_naming_it(tmp_path, nvfp4_path, ckpt, edit, match):
     path = write_variant(tmp_path, nvfp4_path, ckpt, edit)
@@ -187,6 +190,11 @@ def test_bad_nvfp4_tensor_is_refused_naming_it(tmp_path, nvfp4_path, ckpt, edit,
 
 
 def test_quantization_flag_against_the_checkpoint(tmp_path, tiny_path, nvfp4_path):
+    from sgl_inkling.server_args import ServerArgs, ServerArgsError, parse_server_args
+
+    assert parse_server_args(["--quantization", "modelopt_fp4", "--device", "cpu"]).quantization == "modelopt_fp4"
+    with pytest.raises(ServerArgsError, match="--quantization: 'gptq' is not supported"):
+        ServerArgs(quantization="gptq", device="cpu").check()
     for alias in ("modelopt_fp4", "modelopt", "nvfp4"):
         assert load_rank(nvfp4_path, quantization=alias).model.llm.layers[1].mlp.experts.nvfp4
     with pytest.raises(QuantizationError, match="--quantization modelopt_fp4: the checkpoint is not quantized"):
@@ -231,3 +239,29 @@ def test_flat_quantization_config_in_config_json(tmp_path, nvfp4_path):
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(QuantizationError, match="'compressed-tensors' is not supported"):
         load_model(tmp_path, progress=False)
+
+
+def test_dummy_nvfp4_weights(tiny_path):
+    """`--load-format dummy --quantization modelopt_fp4`: random codes and scales on the device, never
+    all zero, weights of std ~0.02 as the BF16 dummy's, the same model at any TP size, and logits on
+    the BF16 dummy's scale."""
+    full = load_rank(tiny_path, load_format="dummy", quantization="modelopt_fp4")
+    bf16 = load_rank(tiny_path, load_format="dummy")
+    half = load_rank(tiny_path, 2, 1, load_format="dummy", quantization="modelopt_fp4")
+    for layer in MOE_LAYERS:
+        mod = full.model.llm.layers[layer].mlp.experts
+        for name in ("w13_weight", "w2_weight"):
+            codes, scale, scale2 = (getattr(mod, name + s) for s in ("", "_scale", "_scale2"))
+            assert codes.dtype == torch.uint8 and len(codes.unique()) > 200  # every byte value occurs
+            w = decode(codes, scale, scale2)
+            assert bool((w != 0).any()) and 0.017 < float(w.std()) < 0.023, float(w.std())
+            ref = getattr(bf16.model.llm.layers[layer].mlp.experts, name).detach()
+            assert 0.8 < float(w.std() / ref.std()) < 1.25
+        # Rank 1 of TP 2 holds the second half of the same (full-shape) draw.
+        i = TEXT["moe_intermediate_size"] // 2
+        rank1 = half.model.llm.layers[layer].mlp.experts
+        assert torch.equal(rank1.w13_weight, mod.w13_weight[:, 2 * i :])
+        assert torch.equal(rank1.w2_weight_scale.view(torch.uint8), mod.w2_weight_scale[:, :, i // 16 :].view(torch.uint8))
+    prompt = list(range(1000, 1030))
+    a, b = prompt_logits(seq_runner(full), prompt), prompt_logits(seq_runner(bf16), prompt)
+    assert bool(torch.isfinite(a).all()) and 0.5 < float(a.std() / b.std()) < 2.0

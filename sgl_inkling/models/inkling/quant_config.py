@@ -105,6 +105,11 @@ def resolve_quantization(flag: str | None, found: CheckpointQuant | None, load_f
     return found.method if found is not None else None
 
 
+def check_quantization(flag: str | None, model_dir: str | Path, load_format: str) -> str | None:
+    """The start-up check (before any process spawns): what load_model will decide, or the error."""
+    return resolve_quantization(flag, detect_quantization(model_dir), load_format)
+
+
 def check_experts_quantized(found: CheckpointQuant | None, moe_layers: list[int]) -> None:
     """Every MoE layer's routed experts are NVFP4 in Inkling-NVFP4; a checkpoint excluding some of
     them (mixed BF16/NVFP4 experts) is refused rather than loaded half-understood."""

@@ -82,40 +82,9 @@ def load_safetensors(model: nn.Module, path: str | Path, progress: bool = True) 
                 if skip and name.startswith(skip):
                     skipped += 1
                     continue
-                try:
-                    target, aux = nvfp4_weights.param_name(name) if nvfp4 else (name, None)
-                    if target is None and aux is not None:  # input_amax / original_shape: checked, dropped
-                        base = name[: -len(aux)]
-                        if base in params:
-                            codes = full_shape(tuple(params[base].shape), shards.get(base, ()))
-                            nvfp4_weights.check_aux(name, aux, sf.get_tensor(name), codes)
-                            continue
-                except nvfp4_weights.NVFP4TensorError as e:
-                    raise WeightLoadError(f"{e} (in {f.name})") from None
-                target = target or name
-                param = params.get(target)
-                if param is None or (not nvfp4 and sf.get_slice(name).get_dtype() == "U8"):
-                    if name.endswith(_QUANT_SUFFIXES) or param is not None:
-                        raise WeightLoadError(
-                            f"tensor {name!r} ({f.name}) belongs to a quantized checkpoint, but {path} declares "
-                            "no quantization (hf_quant_config.json or config.json quantization_config)"
-                        )
-                    raise WeightLoadError(
-                        f"unexpected tensor {name!r} in {f.name}: the model has no such weight"
-                    )
-                view = sf.get_slice(name)
-                shape = tuple(view.get_shape())
-                expected = full_shape(tuple(param.shape), shards.get(target, ()))
-                if shape != expected:
-                    raise WeightLoadError(
-                        f"tensor {name!r} in {f.name} has shape {list(shape)}, expected {list(expected)}"
-                    )
-                want = nvfp4_weights.expected_dtype(aux) if aux is not None else None
-                if want is not None and view.get_dtype() != want:
-                    raise WeightLoadError(f"tensor {name!r} in {f.name} has dtype {view.get_dtype()}, expected {want}")
-                with torch.no_grad():
-                    param.copy_(view[slices(shape, shards[target])] if target in shards else view[:])
-                loaded.add(target)
+                target = _load_tensor(sf, f.name, name, params, shards, nvfp4, path)
+                if target is not None:
+                    loaded.add(target)
     bar.close()
     missing = sorted(set(params) - loaded)
     if missing:
@@ -123,6 +92,58 @@ def load_safetensors(model: nn.Module, path: str | Path, progress: bool = True) 
         raise WeightLoadError(f"checkpoint {path} is missing tensor(s) {', '.join(missing[:5])}{more}")
     if skipped:
         logger.info("skipped %d vision/audio tower tensors (multimodal off)", skipped)
+
+
+def _target(name: str, nvfp4: bool) -> tuple[str | None, str | None]:
+    """(parameter name or None to drop the tensor, NVFP4 hub suffix or None)."""
+    if not nvfp4:
+        return name, None
+    try:
+        target, aux = nvfp4_weights.param_name(name)
+    except nvfp4_weights.NVFP4TensorError as e:
+        raise WeightLoadError(str(e)) from None
+    return (target, aux) if aux is not None else (name, None)
+
+
+def _load_tensor(sf, file: str, name: str, params: dict, shards: dict, nvfp4: bool, path: Path) -> str | None:
+    """Copy hub tensor `name` into its parameter (this rank's slice); return the parameter's name, or
+    None for a checked-and-dropped NVFP4 tensor (input_amax, original_shape)."""
+    target, aux = _target(name, nvfp4)
+    if target is None:
+        base = name[: -len(aux)]
+        if base in params:
+            codes = full_shape(tuple(params[base].shape), shards.get(base, ()))
+            try:
+                nvfp4_weights.check_aux(name, aux, sf.get_tensor(name), codes)
+            except nvfp4_weights.NVFP4TensorError as e:
+                raise WeightLoadError(f"{e} (in {file})") from None
+            return None
+        target = name  # input_amax of a layer the model lacks: reported as unexpected below
+    param = params.get(target)
+    view = sf.get_slice(name)
+    if nvfp4 and name.endswith(_QUANT_SUFFIXES) and param is None:
+        raise WeightLoadError(
+            f"tensor {name!r} ({file}): only the routed experts (mlp.experts.w13_weight / w2_weight) may be "
+            "quantized; the rest of Inkling-NVFP4 is BF16"
+        )
+    if name.endswith(_QUANT_SUFFIXES) and param is None or (not nvfp4 and view.get_dtype() == "U8"):
+        raise WeightLoadError(
+            f"tensor {name!r} ({file}) belongs to a quantized checkpoint, but {path} declares no quantization "
+            "(hf_quant_config.json or config.json quantization_config)"
+        )
+    if param is None:
+        raise WeightLoadError(f"unexpected tensor {name!r} in {file}: the model has no such weight")
+    shape = tuple(view.get_shape())
+    expected = full_shape(tuple(param.shape), shards.get(target, ()))
+    if shape != expected:
+        raise WeightLoadError(f"tensor {name!r} in {file} has shape {list(shape)}, expected {list(expected)}")
+    if aux is not None and view.get_dtype() != nvfp4_weights.expected_dtype(aux):
+        raise WeightLoadError(
+            f"tensor {name!r} in {file} has dtype {view.get_dtype()}, expected {nvfp4_weights.expected_dtype(aux)}"
+        )
+    with torch.no_grad():
+        param.copy_(view[slices(shape, shards[target])] if target in shards else view[:])
+    return target
 
 
 def init_dummy_weights(model: nn.Module, seed: int = 0) -> None:
