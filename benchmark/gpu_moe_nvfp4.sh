@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Issue 15, kernel half, on the H200 in one call from the project root: the NVFP4 MoE kernel tests on
+# the GPU, then bench_moe_nvfp4 at inkling-slice shape over the tile variants given in $TILES
+# (default: the module's), logs and JSON under $OUT. Stage limits keep the whole under 9 minutes.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+export PYTHONPATH="$PWD/kernels:$PWD/python:$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+OUT="${OUT:-$PWD/benchmark/results/gpu_moe_nvfp4}"
+mkdir -p "$OUT"
+PY="${PYTHON:-python3}"
+START=$SECONDS
+status=0
+source benchmark/gpu_stage.sh
+nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --format=csv,noheader
+"$PY" -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
+STAGE_TAIL=6 stage tests "${TEST_LIMIT:-200}" "$PY" -m pytest test/kernels/test_fused_moe_nvfp4.py -q -rs -p no:cacheprovider -n 4
+# shellcheck disable=SC2086
+STAGE_TAIL=40 stage bench "${BENCH_LIMIT:-300}" "$PY" benchmark/bench_moe_nvfp4.py --result-file "$OUT/bench_moe_nvfp4_inkling-slice.json" \
+  --dump-dir "$OUT" ${TILES:+--tiles $TILES} ${ASM:+--asm $ASM}
+exit $status
