@@ -192,7 +192,7 @@ class Tiles:
 
     up_n: int = 32
     down_n: int = 64
-    kb: int = 64
+    kb: int = 128
     bk_sink: int = 128
     warps: int = 4
     stages: int = 3
