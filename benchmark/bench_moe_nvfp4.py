@@ -67,7 +67,7 @@ def time_graph(fn, calls: int, replays: int) -> float:
 
 def copy_tbs() -> float:
     """Device-to-device copy of 2 GiB, bytes read + written: the ceiling as this card is found."""
-    src = torch.empty(2**30, dtype=torch.uint16, device="cuda").random_()
+    src = torch.randn(2**30, dtype=torch.bfloat16, device="cuda")
     dst = torch.empty_like(src)
     ms = time_graph(lambda _c: dst.copy_(src), 4, 10)
     return 2 * src.numel() * 2 / ms / 1e9
