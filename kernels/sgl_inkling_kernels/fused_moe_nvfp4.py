@@ -207,7 +207,8 @@ def fused_moe_nvfp4(
     shared_w13: torch.Tensor | None = None,  # BF16 sinks [S, 2I, H]
     shared_w2: torch.Tensor | None = None,  # [S, H, I]
     shared_weights: torch.Tensor | None = None,  # [T, S] sink gammas
-    foreign_ids: bool = False,  # ids may be E: those pairs contribute zero
+    foreign_ids: bool = False,  # ids may be E; such pairs contribute zero either way (the slot sum skips
+    # them, so no zero-filled buffer is needed): the flag states the caller's intent, as in fused_moe
     *,
     max_tokens: int = 4096,
     tiles: Tiles | None = None,
