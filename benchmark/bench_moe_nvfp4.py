@@ -67,7 +67,7 @@ def time_graph(fn, calls: int, replays: int) -> float:
 
 def copy_tbs() -> float:
     """Device-to-device copy of 2 GiB, bytes read + written: the ceiling as this card is found."""
-    src = torch.empty(2**30, dtype=torch.uint16, device="cuda").random_()
+    src = torch.randn(2**30, dtype=torch.bfloat16, device="cuda")
     dst = torch.empty_like(src)
     ms = time_graph(lambda _c: dst.copy_(src), 4, 10)
     return 2 * src.numel() * 2 / ms / 1e9
@@ -106,8 +106,9 @@ def run_batch(args, bs, gen, w13, w2, sw13, sw2, bf13, bf2) -> dict:
     moe_bytes = hit * routed_bytes + sink_bytes
     row = {"batch_size": bs, "distinct_experts_per_call": hit, "bytes_routed_plus_sinks": moe_bytes, "variants": []}
     for spec in args.tiles:
-        tiles = Tiles(*map(int, spec.split(","))) if spec else Tiles()
-        for asm in args.asm:
+        fields = [int(f) for f in spec.split(",")] if spec else []
+        tiles = Tiles(*fields[:6])
+        for asm in fields[6:] or args.asm:  # a 7th field picks the decode for this variant
             try:
                 v = run_variant(args, tiles, bool(asm), xs, idss, wts, gam, foreign, w13, w2, sw13, sw2, bf13, bf2)
             except Exception as exc:  # a variant that does not compile must not lose the others
@@ -161,7 +162,7 @@ def main() -> None:
     p.add_argument("--top-k", type=int, default=6)
     p.add_argument("--sinks", type=int, default=2)
     p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 64])
-    p.add_argument("--tiles", nargs="+", default=[None], help="up_n,down_n,kb,bk_sink,warps,stages (default: the module's)")
+    p.add_argument("--tiles", nargs="+", default=[None], help="up_n,down_n,kb,bk_sink,warps,stages[,asm] (default: the module's)")
     p.add_argument("--asm", type=int, nargs="+", default=[1], help="1: PTX bf16 decode, 0: portable decode")
     p.add_argument("--calls", type=int, default=8, help="MoE calls (fresh routings) per captured graph")
     p.add_argument("--replays", type=int, default=20)

@@ -11,52 +11,22 @@ rank). Every shape depends only on (tokens, top_k, experts): no host sync, CUDA-
 
 The N tile is the grid's fast axis, so batch 1 (6 experts x 1 row) still spreads over every SM.
 To read each tile's bytes contiguously the codes of a row are split by nibble: the low nibbles
-(elements 2j) multiply the even activations, the high nibbles the odd ones.
+(elements 2j) multiply the even activations, the high nibbles the odd ones (w4a16_steps).
+
+On the H200 (Triton 3.6) it streams 1.6 TB/s at batch 1 and 1.0 TB/s at batch 64, bound by the
+SM's L1/shared-memory pipe, not by DRAM: every warp re-reads the activation tile for its MMA
+(benchmark/results/bench_moe_nvfp4_inkling-slice.json, ncu_moe_nvfp4_up_bs1.txt).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
 from sgl_inkling_kernels._triton import dot_mode, interpreting, mm, next_pow2, require_triton, tl, triton
 from sgl_inkling_kernels.fused_moe import moe_align
-from sgl_inkling_kernels.nvfp4_decode import dequant_bf16_asm, dequant_portable, fp8_e4m3_to_f32
-
-
-@triton.jit
-def _nvfp4_wtile(Codes, Scales, rows, row_ok, s_cr, s_sr, kb0, KB_TOT, KB: tl.constexpr, ASM: tl.constexpr,
-                 HW_FP8: tl.constexpr, DT: tl.constexpr):  # fmt: skip
-    """One K step of an NVFP4 weight, transposed for the dot: (lo, hi) [KB, len(rows)], the weights of
-    elements 2 * kb and 2 * kb + 1 for code bytes kb0 .. kb0 + KB of `rows`."""
-    G: tl.constexpr = KB // 8
-    g = tl.arange(0, G)
-    grp = kb0 // 8 + g
-    s_ok = row_ok[:, None] & (grp < KB_TOT // 8)[None, :]
-    # The mask is per 8-byte block (KB_TOT is a multiple of 8), so the loads stay vectorised.
-    byte = kb0 + g[:, None] * 8 + tl.arange(0, 8)[None, :]  # [G, 8]: a scale block is 8 bytes
-    codes = tl.load(Codes + rows[:, None, None] * s_cr + byte[None, :, :], mask=s_ok[:, :, None], other=0)
-    sbits = tl.load(Scales + rows[:, None] * s_sr + grp[None, :], mask=s_ok, other=0)
-    if HW_FP8:  # the GPU's fp8 conversion; the interpreter decodes the bits itself
-        scale = sbits.to(tl.float8e4nv, bitcast=True).to(tl.float32)[:, :, None]
-    else:
-        scale = fp8_e4m3_to_f32(sbits)[:, :, None]
-    if ASM:
-        lo, hi = dequant_bf16_asm(codes, scale)
-    else:
-        lo, hi = dequant_portable(codes, scale, DT)
-    return tl.trans(tl.reshape(lo, (lo.shape[0], KB))), tl.trans(tl.reshape(hi, (hi.shape[0], KB)))
-
-
-@triton.jit
-def _split_k(a_ptr, a_ok, kb0, KB_TOT, KB: tl.constexpr):
-    """Activations of one K step split by parity: (even, odd) [BM, KB]; a_ptr points at element 2 * kb0.
-    Loaded contiguously and split in registers."""
-    k2 = tl.arange(0, 2 * KB)
-    ok = a_ok[:, None] & (2 * kb0 + k2 < 2 * KB_TOT)[None, :]
-    a = tl.load(a_ptr + k2[None, :], mask=ok, other=0.0)
-    return tl.split(tl.reshape(a, (a.shape[0], KB, 2)))
+from sgl_inkling_kernels.w4a16_steps import down_step, up_step
 
 
 @triton.jit
@@ -108,15 +78,13 @@ def _up_kernel(
     else:  # NVFP4 routed expert e: gate rows 2n, up rows 2n + 1
         c_ptr = C13 + e.to(tl.int64) * s_ce
         s_ptr = S13 + e.to(tl.int64) * s_se
-        for kb0 in range(0, H // 2, KB):
-            a_even, a_odd = _split_k(x_row + 2 * kb0, valid, kb0, H // 2, KB)
-            g_lo, g_hi = _nvfp4_wtile(c_ptr, s_ptr, 2 * offs_n, n_ok, s_cr, s_sr, kb0, H // 2, KB, ASM, HW_FP8, X.dtype.element_ty)
-            acc_g += mm(a_even, g_lo, UPCAST, PREC)
-            acc_g += mm(a_odd, g_hi, UPCAST, PREC)
-            u_lo, u_hi = _nvfp4_wtile(c_ptr, s_ptr, 2 * offs_n + 1, n_ok, s_cr, s_sr, kb0, H // 2, KB, ASM,
-                                      HW_FP8, X.dtype.element_ty)  # fmt: skip
-            acc_u += mm(a_even, u_lo, UPCAST, PREC)
-            acc_u += mm(a_odd, u_hi, UPCAST, PREC)
+        full = (H // 2) // KB * KB  # code bytes in whole K steps; the rest is one masked step
+        for kb0 in range(0, full, KB):
+            acc_g, acc_u = up_step(acc_g, acc_u, x_row, valid, c_ptr, s_ptr, offs_n, n_ok, s_cr, s_sr, kb0, H // 2,
+                                    KB, False, ASM, HW_FP8, UPCAST, PREC)  # fmt: skip
+        if full < H // 2:
+            acc_g, acc_u = up_step(acc_g, acc_u, x_row, valid, c_ptr, s_ptr, offs_n, n_ok, s_cr, s_sr, full, H // 2,
+                                    KB, True, ASM, HW_FP8, UPCAST, PREC)  # fmt: skip
         post = tl.load(G13 + e) * (128.0 if ASM else 1.0)  # the asm path's 2^-7
         acc_g *= post
         acc_u *= post
@@ -154,12 +122,13 @@ def _down_kernel(
     else:
         c_ptr = C2 + e.to(tl.int64) * s_ce
         s_ptr = S2 + e.to(tl.int64) * s_se
-        for kb0 in range(0, N_INTER // 2, KB):
-            a_even, a_odd = _split_k(a_row + 2 * kb0, valid, kb0, N_INTER // 2, KB)
-            w_lo, w_hi = _nvfp4_wtile(c_ptr, s_ptr, offs_n, n_ok, s_cr, s_sr, kb0, N_INTER // 2, KB, ASM,
-                                      HW_FP8, Act.dtype.element_ty)  # fmt: skip
-            acc += mm(a_even, w_lo, UPCAST, PREC)
-            acc += mm(a_odd, w_hi, UPCAST, PREC)
+        full = (N_INTER // 2) // KB * KB
+        for kb0 in range(0, full, KB):
+            acc = down_step(acc, a_row, valid, c_ptr, s_ptr, offs_n, n_ok, s_cr, s_sr, kb0, N_INTER // 2, KB, False,
+                             ASM, HW_FP8, UPCAST, PREC)  # fmt: skip
+        if full < N_INTER // 2:
+            acc = down_step(acc, a_row, valid, c_ptr, s_ptr, offs_n, n_ok, s_cr, s_sr, full, N_INTER // 2, KB, True,
+                             ASM, HW_FP8, UPCAST, PREC)  # fmt: skip
         gate = tl.load(Weights + arow, mask=valid, other=0.0).to(tl.float32)
         gate *= tl.load(G2 + e) * (128.0 if ASM else 1.0)  # the asm path's 2^-7
         slot = arow % TOPK
@@ -192,7 +161,7 @@ class Tiles:
 
     up_n: int = 32
     down_n: int = 64
-    kb: int = 64
+    kb: int = 128
     bk_sink: int = 128
     warps: int = 4
     stages: int = 3
@@ -238,7 +207,8 @@ def fused_moe_nvfp4(
     shared_w13: torch.Tensor | None = None,  # BF16 sinks [S, 2I, H]
     shared_w2: torch.Tensor | None = None,  # [S, H, I]
     shared_weights: torch.Tensor | None = None,  # [T, S] sink gammas
-    foreign_ids: bool = False,  # ids may be E: those pairs contribute zero
+    foreign_ids: bool = False,  # ids may be E; such pairs contribute zero either way (the slot sum skips
+    # them, so no zero-filled buffer is needed): the flag states the caller's intent, as in fused_moe
     *,
     max_tokens: int = 4096,
     tiles: Tiles | None = None,
@@ -266,6 +236,8 @@ def fused_moe_nvfp4(
     h, inter = x.shape[1], two_i // 2
     n_pairs = t * k
     tiles = tiles or (INTERPRETER_TILES if interpreting() else Tiles())
+    if x.dtype == torch.float32 and not interpreting():  # fp32 (tests): 4-byte tiles must fit shared memory
+        tiles = replace(tiles, kb=min(tiles.kb, 32), bk_sink=min(tiles.bk_sink, 64), stages=min(tiles.stages, 2))
     use_asm = (not interpreting() and x.dtype == torch.bfloat16) if asm is None else asm
     if use_asm and x.dtype != torch.bfloat16:
         raise ValueError("fused_moe_nvfp4: the asm decode produces bf16 weights, x must be bf16")

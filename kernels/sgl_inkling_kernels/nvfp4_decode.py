@@ -12,6 +12,7 @@ Two ways to expand a tile of packed e2m1 codes and its fp8 block scales:
   accumulator by scale2 * 2^7.
 
 Both return (lo, hi): the weights of the low and high nibble of every byte (elements 2j and 2j+1).
+`nvfp4_wtile` loads one K step of a weight (codes and block scales) and decodes it for a dot.
 """
 
 from __future__ import annotations
@@ -91,3 +92,32 @@ def dequant_bf16_asm(codes, scale):
         is_pure=True,
         pack=4,
     )
+
+
+@triton.jit
+def nvfp4_wtile(Codes, Scales, rows, row_ok, s_cr, s_sr, kb0, KB_TOT, KB: tl.constexpr, MASK_K: tl.constexpr,
+                ASM: tl.constexpr, HW_FP8: tl.constexpr, DT: tl.constexpr):  # fmt: skip
+    """One K step of an NVFP4 weight, transposed for the dot: (lo, hi) [KB, len(rows)], the weights of
+    elements 2 * kb and 2 * kb + 1 for code bytes kb0 .. kb0 + KB of `rows`.
+
+    Only the last, partial K step masks along K (MASK_K): a mask that varies along K stops the loads
+    being vectorised, and the software pipeline only takes loads of 4 bytes or more."""
+    G: tl.constexpr = KB // 8
+    g = tl.arange(0, G)
+    grp = kb0 // 8 + g
+    if MASK_K:  # per 8-byte block (KB_TOT is a multiple of 8)
+        s_ok = row_ok[:, None] & (grp < KB_TOT // 8)[None, :]
+    else:
+        s_ok = row_ok[:, None] & (g < G)[None, :]
+    byte = kb0 + g[:, None] * 8 + tl.arange(0, 8)[None, :]  # [G, 8]: a scale block is 8 bytes
+    codes = tl.load(Codes + rows[:, None, None] * s_cr + byte[None, :, :], mask=s_ok[:, :, None], other=0)
+    sbits = tl.load(Scales + rows[:, None] * s_sr + grp[None, :], mask=s_ok, other=0)
+    if HW_FP8:  # the GPU's fp8 conversion; the interpreter decodes the bits itself
+        scale = sbits.to(tl.float8e4nv, bitcast=True).to(tl.float32)[:, :, None]
+    else:
+        scale = fp8_e4m3_to_f32(sbits)[:, :, None]
+    if ASM:
+        lo, hi = dequant_bf16_asm(codes, scale)
+    else:
+        lo, hi = dequant_portable(codes, scale, DT)
+    return tl.trans(tl.reshape(lo, (lo.shape[0], KB))), tl.trans(tl.reshape(hi, (hi.shape[0], KB)))

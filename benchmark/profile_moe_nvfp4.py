@@ -1,0 +1,45 @@
+"""One fused NVFP4 MoE call at Inkling's width (8 experts, top-6, 2 sinks), for Nsight Compute.
+
+    ncu --clock-control none -k regex:_up_kernel --launch-skip 2 --launch-count 1 \
+        python benchmark/profile_moe_nvfp4.py [--batch-size 1] [--tiles 32,64,128,128,4,3]
+
+Runs the call three times (the first two compile and warm up); random codes and scales, never zero.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "kernels")]
+
+from benchmark.bench_moe_nvfp4 import quantized  # noqa: E402
+from sgl_inkling_kernels.fused_moe_nvfp4 import Tiles, fused_moe_nvfp4  # noqa: E402
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--batch-size", type=int, default=1)
+    p.add_argument("--tiles", default=None, help="up_n,down_n,kb,bk_sink,warps,stages")
+    args = p.parse_args()
+    h, i, e, k, s, t = 6144, 3072, 8, 6, 2, args.batch_size
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    w13, w2 = quantized(e, 2 * i, h, gen), quantized(e, h, i, gen)
+    sw13 = (torch.randn(s, 2 * i, h, generator=gen, device="cuda") * h**-0.5).bfloat16()
+    sw2 = (torch.randn(s, h, i, generator=gen, device="cuda") * i**-0.5).bfloat16()
+    x = torch.randn(t, h, generator=gen, device="cuda").bfloat16()
+    ids = torch.rand(t, e, generator=gen, device="cuda").topk(k, dim=1).indices
+    wts = torch.rand(t, k, generator=gen, device="cuda").bfloat16()
+    gam = torch.rand(t, s, generator=gen, device="cuda").bfloat16()
+    tiles = Tiles(*map(int, args.tiles.split(","))) if args.tiles else None
+    for _ in range(3):
+        fused_moe_nvfp4(x, *w13, *w2, ids, wts, sw13, sw2, gam, tiles=tiles)
+    torch.cuda.synchronize()
+
+
+if __name__ == "__main__":
+    main()
