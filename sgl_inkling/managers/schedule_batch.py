@@ -36,6 +36,7 @@ class Req:
     owned: int = 0
     last_node: Any = None
     divergence: int | None = None  # longest cached match when it had no checkpoint: snapshot there
+    resume_point: int = -1  # where a repeat resumes (len - 1 of its cache key): snapshot there
     pending_ckpts: dict[int, int] = field(default_factory=dict)  # position -> snapshot slot, not yet cached
     admitted_once: bool = False
     arrival: float = field(default_factory=time.monotonic)

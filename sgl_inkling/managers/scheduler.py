@@ -74,7 +74,7 @@ class Scheduler(SpecDecodeMixin):
             cfg.sliding_window_size,
             enable_cache=not server_args.disable_radix_cache,
             num_checkpoints=sizes.num_checkpoints,
-            interval=server_args.sconv_checkpoint_interval or 4 * cfg.sliding_window_size,
+            interval=sizes.checkpoint_interval,
         )
         self.policy = SchedulePolicy(server_args.schedule_policy, self.kv.radix)
         self.sampler = Sampler(server_args.random_seed, return_original_logprob=True)

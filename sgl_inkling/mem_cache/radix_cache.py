@@ -5,22 +5,19 @@ window before p and the conv window at p. Nodes end where checkpoints were taken
 ends, divergence points, ends of finished requests); matching walks to the longest shared prefix
 m and resumes at the deepest node end c <= m that has all three, so the request recomputes only
 [c, m) and a later request finds a checkpoint at m. Sliding KV is kept only in the window before
-each checkpoint (0 marks a dropped slot).
+each checkpoint (0 marks a dropped slot). Eviction by value lives in radix_eviction.py.
 """
 
 from __future__ import annotations
 
-import heapq
-import itertools
 import time
 from dataclasses import dataclass
 
 import torch
 
 from sgl_inkling.mem_cache.memory_pool import TokenSlotAllocator
+from sgl_inkling.mem_cache.radix_eviction import COUNTERS, RadixEviction
 from sgl_inkling.mem_cache.sconv_checkpoints import SConvCheckpointPool
-
-_ticket = itertools.count()
 
 
 class TreeNode:
@@ -56,7 +53,7 @@ def common_prefix_len(a: list[int], b: list[int]) -> int:
     return i
 
 
-class RadixCache:
+class RadixCache(RadixEviction):
     def __init__(
         self,
         full: TokenSlotAllocator,
@@ -65,6 +62,7 @@ class RadixCache:
         window: int,
     ):
         self.full_alloc, self.swa_alloc, self.ckpts, self.window = full, swa, ckpts, window
+        self.counters = dict.fromkeys(COUNTERS, 0)
         self.reset()
 
     def reset(self) -> None:
@@ -205,7 +203,7 @@ class RadixCache:
         path.reverse()
         return self._concat(path, "full"), self._concat(path, "swa")
 
-    # ---------------------------------------------------------------- locking and eviction
+    # ---------------------------------------------------------------- locking
 
     def lock(self, node: TreeNode) -> None:
         while node is not None:
@@ -225,47 +223,6 @@ class RadixCache:
             stack.extend(n.children.values())
         return out
 
-    def evict(self, full: int = 0, swa: int = 0, ckpts: int = 0) -> None:
-        """Free least-recently-used unlocked leaves until the allocators have the asked-for room."""
-
-        def short() -> bool:
-            return (
-                self.full_alloc.available < full
-                or self.swa_alloc.available < swa
-                or self.ckpts.available < ckpts
-            )
-
-        if not short():
-            return
-        heap = [
-            (n.last_access, next(_ticket), n) for n in self._nodes() if not n.children and n.lock_ref == 0
-        ]
-        heapq.heapify(heap)
-        while heap and short():
-            _, _, node = heapq.heappop(heap)
-            self._free_node(node)
-            parent = node.parent
-            del parent.children[node.key[0]]
-            if parent is not self.root and not parent.children and parent.lock_ref == 0:
-                heapq.heappush(heap, (parent.last_access, next(_ticket), parent))
-        if self.ckpts.available < ckpts:
-            # Internal nodes can give up their checkpoint and stay as plain KV.
-            for node in sorted(self._nodes(), key=lambda n: n.last_access):
-                if node.ckpt is not None and node.lock_ref == 0:
-                    self.ckpts.free(node.ckpt)
-                    node.ckpt = None
-                    if self.ckpts.available >= ckpts:
-                        break
-
-    def _free_node(self, node: TreeNode) -> None:
-        self.full_alloc.free(node.full)
-        live = node.swa[node.swa != 0]
-        if live.numel():
-            self.swa_alloc.free(live)
-        if node.ckpt is not None:
-            self.ckpts.free(node.ckpt)
-            node.ckpt = None
-
     def flush(self) -> None:
         for node in self._nodes():
             if node is not self.root:
@@ -274,12 +231,16 @@ class RadixCache:
 
     def stats(self) -> dict[str, int]:
         nodes = self._nodes()[1:]
+        n_ckpts = sum(n.ckpt is not None for n in nodes)
+        per_ckpt = self.ckpts.bytes_per_checkpoint()
         return {
             "radix_cached_tokens": sum(len(n.key) for n in nodes),
             "radix_swa_tokens": sum(int((n.swa != 0).sum()) for n in nodes),
-            "radix_checkpoints": sum(n.ckpt is not None for n in nodes),
+            "radix_checkpoints": n_ckpts,
+            "radix_checkpoint_bytes": n_ckpts * per_ckpt,
             "radix_nodes": len(nodes),
-            "sconv_checkpoint_bytes": self.ckpts.bytes_per_checkpoint(),
+            **self.counters,
+            "sconv_checkpoint_bytes": per_ckpt,
             "sconv_checkpoints_available": self.ckpts.available,
             "sconv_checkpoints_total": self.ckpts.size,
         }
