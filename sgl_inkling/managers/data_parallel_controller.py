@@ -29,6 +29,7 @@ _SHARED_KEYS = {
     "vocab_size",
     "sconv_checkpoint_bytes",
     "sconv_checkpoint_interval",
+    "sliding_window_size",
     "full_kv_bytes_per_token",
     "swa_kv_bytes_per_token",
 }

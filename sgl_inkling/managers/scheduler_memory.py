@@ -102,11 +102,13 @@ def size_pools(model: InklingForCausalLM, args, context_len: int) -> PoolSizes:
         reserve = running * (window + 1) * swa_b + running * model_sconv_bytes(model) + in_flight * ckpt_b
         if steps:
             reserve += (running + 1) * mtp_bytes_per_request(model, steps)
-        per_token = full_b + swa_b + ckpt_b / interval
+        per_token = full_b + swa_b + ckpt_b * (1 / interval + 2 / chunk)
         total = max(1, int((budget - reserve) // per_token))
         if not on_cuda:
             total = min(total, _CPU_MAX_TOKENS)
-    ckpts = -(-total // interval) + in_flight
+    # The interval grid over the whole cache, plus the checkpoint before each chunk end (a prompt
+    # ending there resumes at len - 1) and the pair at each divergence point, about one per chunk.
+    ckpts = -(-total // interval) + 2 * -(-total // chunk) + in_flight
     # Sliding layers keep at most window tokens per running request plus a prefill chunk in flight;
     # the radix cache keeps the window before each checkpoint (all of it when interval < window).
     swa = min(total, running * (window + 1) + chunk + window + ckpts * window)

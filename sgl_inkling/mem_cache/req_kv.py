@@ -243,6 +243,7 @@ class ReqKVManager:
             out.update(self.radix.stats())
             out.update(self.counters)
             out["sconv_checkpoint_interval"] = self.interval
+            out["sliding_window_size"] = self.window
             out["full_kv_bytes_per_token"] = self.runner.full_pool.bytes_per_token()
             out["swa_kv_bytes_per_token"] = self.runner.swa_pool.bytes_per_token()
         return out
