@@ -146,6 +146,7 @@ class Scheduler(SpecDecodeMixin):
         if isinstance(msg, io.TokenizedGenerateReq):
             req = Req.from_tokenized(msg)
             on_new_request(self.grammar, req, msg)  # compiles while the prompt prefills
+            self.kv.on_arrival(req)
             self.waiting.append(req)
         elif isinstance(msg, io.AbortReq):
             self.abort(msg.rid)

@@ -16,12 +16,12 @@ from dataclasses import dataclass
 import torch
 
 from sgl_inkling.mem_cache.memory_pool import TokenSlotAllocator
-from sgl_inkling.mem_cache.radix_eviction import COUNTERS, RadixEviction
+from sgl_inkling.mem_cache.radix_eviction import COUNTERS, RadixEviction, wanted_seq
 from sgl_inkling.mem_cache.sconv_checkpoints import SConvCheckpointPool
 
 
 class TreeNode:
-    __slots__ = ("key", "full", "swa", "ckpt", "children", "parent", "lock_ref", "last_access", "end")
+    __slots__ = ("key", "full", "swa", "ckpt", "children", "parent", "lock_ref", "last_access", "end", "wanted")
 
     def __init__(self, key, full, swa, parent, end):
         self.key: list[int] = key
@@ -33,6 +33,7 @@ class TreeNode:
         self.lock_ref = 0
         self.last_access = time.monotonic()
         self.end = end  # prefix length at the end of this node
+        self.wanted = None  # the earliest queued request that will resume through this node
 
 
 @dataclass(frozen=True)
@@ -78,6 +79,7 @@ class RadixCache(RadixEviction):
         upper = TreeNode(child.key[:at], child.full[:at], child.swa[:at], parent, parent.end + at)
         upper.lock_ref = child.lock_ref
         upper.last_access = child.last_access
+        upper.wanted = child.wanted
         child.key, child.full, child.swa = child.key[at:], child.full[at:], child.swa[at:]
         child.parent = upper
         upper.children[child.key[0]] = child
@@ -118,6 +120,22 @@ class RadixCache(RadixEviction):
                 break
             node = child
         return pos
+
+    def mark_wanted(self, tokens: list[int], req) -> None:
+        """Record that a queued request (with `queued` and `wait_seq`) will resume along `tokens`:
+        eviction keeps what queued requests will reuse, and what the earliest of them need longest."""
+        node, pos = self.root, 0
+        while pos < len(tokens):
+            child = node.children.get(tokens[pos])
+            if child is None:
+                break
+            if wanted_seq(child) is None or req.wait_seq < child.wanted.wait_seq:
+                child.wanted = req
+            n = common_prefix_len(child.key, tokens[pos:])
+            pos += n
+            if n < len(child.key):
+                break
+            node = child
 
     def match(self, tokens: list[int]) -> MatchResult:
         """Deepest resumable point for `tokens`; at least the last token is always left to compute."""

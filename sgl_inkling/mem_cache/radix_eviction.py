@@ -12,6 +12,10 @@ scheduler_memory.py), and whichever runs short is refilled in order of least val
    end-of-turn checkpoint together. A node left without a checkpoint at or below it is dropped
    with them: KV past the last checkpoint can never be resumed, so it must not hold memory.
 
+Within each step, nodes that a queued request will resume through (`wanted`, marked on arrival) go
+last, and among them those of the latest arrival first: evicting LRU in arrival order would make
+each follow-up turn in a long queue push out the next one's prefix just before it is admitted.
+
 A sliding-KV slot at position t is kept while some checkpoint q at or below its node has
 q - window < t < q (the window a request resuming at q reads).
 """
@@ -30,6 +34,17 @@ COUNTERS = (
     "radix_evicted_tokens",  # full-KV tokens dropped
     "radix_evicted_end_checkpoints",  # end-of-turn checkpoints dropped together with their KV
 )
+
+
+def wanted_seq(node) -> int | None:
+    """Arrival order of the earliest still-queued request that will reuse `node`, else None."""
+    w = node.wanted
+    return w.wait_seq if w is not None and w.queued else None
+
+
+def _drop_key(node) -> tuple:
+    seq = wanted_seq(node)
+    return (0, node.last_access) if seq is None else (1, -seq)
 
 
 class RadixEviction:
@@ -57,7 +72,7 @@ class RadixEviction:
 
     def _thin(self, need) -> None:
         candidates = [n for n in self._nodes() if n.ckpt is not None and n.children and n is not self.root]
-        candidates.sort(key=lambda n: (len(n.children) > 1, n.last_access, n.end))
+        candidates.sort(key=lambda n: (wanted_seq(n) is not None, len(n.children) > 1, n.last_access, n.end))
         for node in candidates:
             self.ckpts.free(node.ckpt)
             node.ckpt = None
@@ -104,7 +119,7 @@ class RadixEviction:
     # ---------------------------------------------------------------- dropping
 
     def _drop_leaves(self, need) -> None:
-        heap = [(n.last_access, next(_ticket), n) for n in self._nodes() if self._droppable(n)]
+        heap = [(_drop_key(n), next(_ticket), n) for n in self._nodes() if self._droppable(n)]
         heapq.heapify(heap)
         while heap and need():
             _, _, node = heapq.heappop(heap)
@@ -116,7 +131,7 @@ class RadixEviction:
             if parent is not self.root:
                 self._prune_up(parent, node.end)
                 if self._droppable(parent):
-                    heapq.heappush(heap, (parent.last_access, next(_ticket), parent))
+                    heapq.heappush(heap, (_drop_key(parent), next(_ticket), parent))
 
     def _droppable(self, node) -> bool:
         return node is not self.root and not node.children and node.lock_ref == 0

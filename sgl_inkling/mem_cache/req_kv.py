@@ -30,6 +30,7 @@ class ReqKVManager:
         self.swa = runner.swa_pool.allocator
         self.rows = runner.req_to_token
         self.radix: RadixCache | None = None
+        self._arrivals = 0
         # Prefix-cache accounting over first admissions (a retracted request is not counted again).
         self.counters = dict.fromkeys(
             (
@@ -48,6 +49,13 @@ class ReqKVManager:
             self.radix = RadixCache(self.full, self.swa, ckpts, window)
 
     # ---------------------------------------------------------------- admission
+
+    def on_arrival(self, req: Req) -> None:
+        """Number the request and mark the cached prefix it will reuse, so eviction spares it."""
+        self._arrivals += 1
+        req.wait_seq = self._arrivals
+        if self.radix is not None:
+            self.radix.mark_wanted(req.cache_key, req)
 
     def admit(self, req: Req) -> bool:
         """Give the request a table row and resume it from the longest usable cached prefix."""

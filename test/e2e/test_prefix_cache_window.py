@@ -94,7 +94,7 @@ def test_hot_shared_prefix_with_long_turns(hot, cold):
 def pressed(w512_path):
     s = ServerProcess(
         "--skip-server-warmup", "--model-path", w512_path, "--max-total-tokens", "4000",
-        "--max-running-requests", "2", "--schedule-policy", "lpm",
+        "--max-running-requests", "2",
     )  # fmt: skip
     yield s
     s.stop()
@@ -123,4 +123,7 @@ def test_follow_ups_under_memory_pressure_resume_at_their_turn_end(pressed, cold
     assert misses <= evicted, (got, turn_ends, evicted)
     assert after["radix_end_checkpoints_missing"] == 0
     assert after["radix_snapshots_skipped"] == 0
-    assert misses < len(follow) - 1, (got, turn_ends)  # most of what fits is reused
+    # About five first turns fit. FCFS admission with LRU alone thrashes here (each miss evicting the
+    # next follow-up's prefix: none resumes); queued requests' prefixes are evicted last, so only the
+    # misses running at once (two) take a queued one's.
+    assert len(follow) - misses >= 2, (got, turn_ends)

@@ -124,3 +124,29 @@ def test_locked_paths_keep_their_kv_and_give_up_only_checkpoints():
     cache.unlock(node)
     cache.evict(swa=cache.swa_alloc.num_slots - WINDOW)  # now the thinned windows go
     check_invariants(cache)
+
+
+class Queued:
+    """A stand-in for a waiting request (Req.queued, Req.wait_seq)."""
+
+    def __init__(self, seq: int):
+        self.wait_seq, self.queued = seq, True
+
+
+def test_prefixes_of_queued_requests_go_last_the_latest_arrivals_first():
+    cache = make_cache()
+    paths_ = [list(range(1000 * k, 1000 * k + 200)) for k in (1, 2, 3)]
+    for p in paths_:
+        insert_path(cache, p, [])
+    # LRU alone would drop paths_[0] first. Queued requests want paths 0 (earliest) and 1.
+    first, second = Queued(1), Queued(2)
+    cache.mark_wanted(paths_[0] + [7], first)
+    cache.mark_wanted(paths_[1][:150], second)
+    cache.evict(full=cache.full_alloc.available + 1)
+    assert [cache.match(p + [1]).resume_len for p in paths_] == [200, 200, 0]  # the unwanted one
+    cache.evict(full=cache.full_alloc.available + 1)
+    assert [cache.match(p + [1]).resume_len for p in paths_] == [200, 0, 0]  # then the later waiter's
+    first.queued = False  # admitted (it would lock its path) or gone: no longer protects
+    cache.evict(full=cache.full_alloc.available + 1)
+    assert cache.stats()["radix_cached_tokens"] == 0
+    check_invariants(cache)
