@@ -46,10 +46,13 @@ class MatchResult:
     ckpt: int | None  # conv checkpoint at c (None when c == 0)
 
 
-def common_prefix_len(a: list[int], b: list[int]) -> int:
-    n = min(len(a), len(b))
+def common_prefix_len(a: list[int], b: list[int], start: int = 0) -> int:
+    """Length of the common prefix of `a` and `b[start:]` (without copying b's tail per call)."""
+    n = min(len(a), len(b) - start)
+    if a[:n] == b[start : start + n]:  # the usual case on a cached path, at C speed
+        return n
     i = 0
-    while i < n and a[i] == b[i]:
+    while a[i] == b[start + i]:
         i += 1
     return i
 
@@ -70,6 +73,7 @@ class RadixCache(RadixEviction):
         empty = torch.empty(0, dtype=torch.int64)
         self.root = TreeNode([], empty, empty, None, 0)
         self.root.lock_ref = 1  # never evicted
+        self._prune_later: set[TreeNode] = set()  # locked when their sliding KV became unneeded
 
     # ---------------------------------------------------------------- structure
 
@@ -93,7 +97,7 @@ class RadixCache(RadixEviction):
             child = node.children.get(tokens[pos])
             if child is None:
                 break
-            n = common_prefix_len(child.key, tokens[pos:])
+            n = common_prefix_len(child.key, tokens, pos)
             if n < len(child.key):
                 child = self._split(child, n)
             node, pos = child, pos + n
@@ -114,7 +118,7 @@ class RadixCache(RadixEviction):
             child = node.children.get(tokens[pos])
             if child is None:
                 break
-            n = common_prefix_len(child.key, tokens[pos:])
+            n = common_prefix_len(child.key, tokens, pos)
             pos += n
             if n < len(child.key):
                 break
@@ -131,7 +135,7 @@ class RadixCache(RadixEviction):
                 break
             if wanted_seq(child) is None or req.wait_seq < child.wanted.wait_seq:
                 child.wanted = req
-            n = common_prefix_len(child.key, tokens[pos:])
+            n = common_prefix_len(child.key, tokens, pos)
             pos += n
             if n < len(child.key):
                 break
@@ -181,7 +185,7 @@ class RadixCache(RadixEviction):
                 node.children[tokens[pos]] = child
                 node, pos = child, len(tokens)
                 break
-            n = common_prefix_len(child.key, tokens[pos:])
+            n = common_prefix_len(child.key, tokens, pos)
             if n < len(child.key):
                 child = self._split(child, n)
             self._absorb(child, full[pos : pos + n], swa[pos : pos + n])
@@ -189,10 +193,24 @@ class RadixCache(RadixEviction):
             node.last_access = now
         node.last_access = now
         self._attach_ckpt(node, ckpt)
-        for p, slot in sorted((inner_ckpts or {}).items()):
-            # Walking to p splits the node that contains p, so a node ends exactly there.
-            self._attach_ckpt(self._walk(tokens[:p])[-1], slot)
+        self._attach_inner(tokens, inner_ckpts or {})
         return node
+
+    def _attach_inner(self, tokens: list[int], inner: dict[int, int]) -> None:
+        """Checkpoints at positions inside the path of `tokens` (just inserted, so it matches):
+        one descent, splitting the node that holds each position so that a node ends there."""
+        node, pos = self.root, 0
+        for p, slot in sorted(inner.items()):
+            while True:
+                child = node.children[tokens[pos]]
+                end = pos + len(child.key)
+                if end >= p:
+                    break
+                node, pos = child, end
+            if end > p:
+                child = self._split(child, p - pos)
+            self._attach_ckpt(child, slot)
+            node, pos = child, p
 
     def _attach_ckpt(self, node: TreeNode, slot: int | None) -> None:
         if slot is None:

@@ -62,7 +62,7 @@ class RadixEviction:
         if not short():
             return
         if short_thinnable():
-            self._prune_all()  # windows kept only because their node was locked when thinned
+            self._prune_deferred()  # windows kept only because their node was locked when thinned
             if short_thinnable():
                 self._thin(short_thinnable)
         if short():
@@ -91,8 +91,12 @@ class RadixEviction:
 
     def _prune_node(self, node) -> None:
         """Free the node's sliding KV that no checkpoint's window reads (unlocked nodes only)."""
-        if node.lock_ref > 0 or node is self.root:
+        if node is self.root:
             return
+        if node.lock_ref > 0:
+            self._prune_later.add(node)  # running requests read it: retry once it is unlocked
+            return
+        self._prune_later.discard(node)
         start = node.end - len(node.key)
         keep_from = self._nearest_ckpt(node, node.end + self.window) - self.window + 1
         cut = int(min(max(keep_from - start, 0), len(node.key)))
@@ -112,9 +116,12 @@ class RadixEviction:
             self._prune_node(node)
             node = node.parent
 
-    def _prune_all(self) -> None:
-        for node in self._nodes():
-            self._prune_node(node)
+    def _prune_deferred(self) -> None:
+        for node in list(self._prune_later):
+            if node.parent is None:  # dropped since
+                self._prune_later.discard(node)
+            else:
+                self._prune_node(node)
 
     # ---------------------------------------------------------------- dropping
 

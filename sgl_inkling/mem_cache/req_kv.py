@@ -111,9 +111,10 @@ class ReqKVManager:
             points.update(range((start // self.interval + 1) * self.interval, end, self.interval))
         if req.divergence is not None:
             points.update((req.divergence - 1, req.divergence))
+        points = sorted(p for p in points if start < p < end)
+        self.radix.evict(ckpts=len(points))
         plan = []
-        for p in sorted(p for p in points if start < p < end):
-            self.radix.evict(ckpts=1)
+        for p in points:
             slot = self.radix.ckpts.take()
             if slot is None:
                 self.counters["radix_snapshots_skipped"] += 1

@@ -150,3 +150,19 @@ def test_prefixes_of_queued_requests_go_last_the_latest_arrivals_first():
     cache.evict(full=cache.full_alloc.available + 1)
     assert cache.stats()["radix_cached_tokens"] == 0
     check_invariants(cache)
+
+
+def test_common_prefix_len_matches_a_brute_force_walk():
+    import random
+
+    from sgl_inkling.mem_cache.radix_cache import common_prefix_len
+
+    rng = random.Random(0)
+    for _ in range(500):
+        a = [rng.randrange(3) for _ in range(rng.randrange(0, 12))]
+        b = [rng.randrange(3) for _ in range(rng.randrange(0, 12))]
+        start = rng.randrange(0, len(b) + 1)
+        want = 0
+        while want < len(a) and start + want < len(b) and a[want] == b[start + want]:
+            want += 1
+        assert common_prefix_len(a, b, start) == want
