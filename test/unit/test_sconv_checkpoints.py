@@ -47,6 +47,12 @@ def test_pools_hold_a_checkpoint_every_interval_over_the_whole_cache(tiny_model)
     assert sizes.num_checkpoints * sizes.checkpoint_interval >= sizes.max_total_tokens
     # ...plus the snapshots of one prefill chunk and each running request's end of turn.
     assert sizes.num_checkpoints - 4000 // 128 >= 512 // 128 + 2
+    # Sliding KV: what running requests need, plus a share of the cache (thinned under pressure).
+    big = ServerArgs(device="cpu", max_total_tokens=40000, max_running_requests=2)
+    big.check()
+    window = tiny_model.cfg.sliding_window_size
+    swa = size_pools(tiny_model, big, 4096).max_swa_tokens
+    assert 2 * (window + 1) + 512 < swa < 40000
     width = tiny_model.cfg.conv_kernel_size - 1
     chans = sum(sum(c) for c in tiny_model.sconv_channels().values())
     assert checkpoint_bytes(tiny_model) == 4 * width * chans  # fp32 model: fp32 inputs
