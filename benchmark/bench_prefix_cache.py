@@ -92,8 +92,8 @@ def main() -> None:
     results["counters"] = counters(cases.state(engine))
     engine.shutdown()
     if not gpu:  # memory pressure: a cache far smaller than the working set, two requests at a time
-        pressed = sglang.Engine(**base, max_total_tokens=4000, max_running_requests=2)
-        results["follow_ups"] = cases.follow_ups(pressed, rng, 10 if q else 16, 600, 900)
+        pressed = sglang.Engine(**base, max_total_tokens=8000, max_running_requests=2)
+        results["follow_ups"] = cases.follow_ups(pressed, rng, 10 if q else 16, 800, 1100)
         results["memory_under_pressure"] = memory_per_cached_token(cases.state(pressed))
         results["counters_under_pressure"] = counters(cases.state(pressed))
         pressed.shutdown()
