@@ -61,7 +61,10 @@ def memory_per_cached_token(st: dict) -> dict:
         "checkpoints": st["radix_checkpoint_bytes"] / n,
     }
     held["total"] = held["full_kv"] + held["sliding_kv"] + held["checkpoints"]
-    return {"at_default": default, "held": held, "checkpoint_bytes": ckpt_b, "interval": interval,
+    pools = st["full_kv_total"] * full_b + st["swa_kv_total"] * swa_b + st["sconv_checkpoints_total"] * ckpt_b
+    return {"at_default": default, "held": held, "pool_bytes_per_full_kv_slot": pools / st["full_kv_total"],
+            "pool_slots": {k: st[k] for k in ("full_kv_total", "swa_kv_total", "sconv_checkpoints_total")},
+            "checkpoint_bytes": ckpt_b, "interval": interval,
             "window": window, "full_kv_bytes_per_token": full_b, "swa_kv_bytes_per_token": swa_b}  # fmt: skip
 
 

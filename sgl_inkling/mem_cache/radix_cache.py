@@ -11,6 +11,7 @@ each checkpoint (0 marks a dropped slot). Eviction by value lives in radix_evict
 from __future__ import annotations
 
 import time
+import weakref
 from dataclasses import dataclass
 
 import torch
@@ -133,8 +134,9 @@ class RadixCache(RadixEviction):
             child = node.children.get(tokens[pos])
             if child is None:
                 break
-            if wanted_seq(child) is None or req.wait_seq < child.wanted.wait_seq:
-                child.wanted = req
+            seq = wanted_seq(child)
+            if seq is None or req.wait_seq < seq:
+                child.wanted = weakref.ref(req)  # a finished request is not kept alive by the tree
             n = common_prefix_len(child.key, tokens, pos)
             pos += n
             if n < len(child.key):

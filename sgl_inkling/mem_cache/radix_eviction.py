@@ -38,7 +38,7 @@ COUNTERS = (
 
 def wanted_seq(node) -> int | None:
     """Arrival order of the earliest still-queued request that will reuse `node`, else None."""
-    w = node.wanted
+    w = node.wanted() if node.wanted is not None else None
     return w.wait_seq if w is not None and w.queued else None
 
 
