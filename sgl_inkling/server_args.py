@@ -30,6 +30,9 @@ _TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16"
 
 SPEC_ALGORITHMS = ("MTP", "EAGLE", "NEXTN")
 MAX_MTP_STEPS = 8  # Inkling ships eight MTP depths
+# A quarter of Inkling's 512-token window: the first request to diverge from a cached prefix
+# recomputes at most this many tokens; a checkpoint costs ~10 KV tokens of memory at full size.
+DEFAULT_SCONV_CHECKPOINT_INTERVAL = 128
 
 
 class ServerArgsError(ValueError):
@@ -64,7 +67,7 @@ class ServerArgs:
     max_prefill_tokens: int = 16384
     schedule_policy: str = "lpm"  # longest cached prefix first when the queue is long (aging prevents starvation)
     disable_radix_cache: bool = False
-    sconv_checkpoint_interval: int | None = None  # None: 4 x the sliding window
+    sconv_checkpoint_interval: int | None = None  # None: DEFAULT_SCONV_CHECKPOINT_INTERVAL
     stream_interval: int = 1
     # Parallelism and kernels
     tp_size: int = 1
@@ -147,8 +150,9 @@ class ServerArgs:
         g.add_argument("--disable-radix-cache", action="store_true")
         g.add_argument("--sconv-checkpoint-interval", type=int, default=None,
                        help="Prompt tokens between short-conv checkpoints in the prefix cache (default: "
-                       "4x the sliding window). A first request diverging from a cached prefix recomputes "
-                       "less than this; later ones resume exactly at the divergence.")
+                       f"{DEFAULT_SCONV_CHECKPOINT_INTERVAL}). A first request diverging from a cached prefix "
+                       "recomputes less than this; later ones resume exactly at the divergence. Under memory "
+                       "pressure the cache thins these checkpoints before it evicts KV.")
         g.add_argument("--stream-interval", type=int, default=d.stream_interval,
                        help="Decode steps between streamed chunks.")
 

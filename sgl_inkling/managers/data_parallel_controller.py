@@ -24,7 +24,15 @@ from sgl_inkling.managers import io_struct as io
 logger = logging.getLogger(__name__)
 
 # Per-replica values that describe the model, not capacity or traffic: never summed.
-_SHARED_KEYS = {"context_len", "vocab_size", "sconv_checkpoint_bytes"}
+_SHARED_KEYS = {
+    "context_len",
+    "vocab_size",
+    "sconv_checkpoint_bytes",
+    "sconv_checkpoint_interval",
+    "sliding_window_size",
+    "full_kv_bytes_per_token",
+    "swa_kv_bytes_per_token",
+}
 
 
 def check_dp_rank(rank, dp_size: int) -> int | None:

@@ -36,6 +36,8 @@ class Req:
     owned: int = 0
     last_node: Any = None
     divergence: int | None = None  # longest cached match when it had no checkpoint: snapshot there
+    resume_point: int = -1  # where a repeat resumes (len - 1 of its cache key): snapshot there
+    wait_seq: int = 0  # arrival order (the prefix cache keeps the earliest waiters' prefixes longest)
     pending_ckpts: dict[int, int] = field(default_factory=dict)  # position -> snapshot slot, not yet cached
     admitted_once: bool = False
     arrival: float = field(default_factory=time.monotonic)
@@ -79,6 +81,11 @@ class Req:
 
             self._mm_key = cache_key(self.origin_input_ids, self.mm_items)
         return self._mm_key + self.output_ids
+
+    @property
+    def queued(self) -> bool:
+        """Waiting for admission (arrived or retracted, holding no memory, not finished)."""
+        return self.row is None and self.finished_reason is None
 
     @property
     def finished(self) -> bool:

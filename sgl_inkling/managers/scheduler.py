@@ -75,7 +75,7 @@ class Scheduler(SpecDecodeMixin):
             cfg.sliding_window_size,
             enable_cache=not server_args.disable_radix_cache,
             num_checkpoints=sizes.num_checkpoints,
-            interval=server_args.sconv_checkpoint_interval or 4 * cfg.sliding_window_size,
+            interval=sizes.checkpoint_interval,
         )
         self.policy = SchedulePolicy(server_args.schedule_policy, self.kv.radix)
         self.sampler = Sampler(server_args.random_seed, return_original_logprob=True)
@@ -147,6 +147,7 @@ class Scheduler(SpecDecodeMixin):
         if isinstance(msg, io.TokenizedGenerateReq):
             req = Req.from_tokenized(msg)
             on_new_request(self.grammar, req, msg)  # compiles while the prompt prefills
+            self.kv.on_arrival(req)
             self.waiting.append(req)
         elif isinstance(msg, io.AbortReq):
             self.abort(msg.rid)

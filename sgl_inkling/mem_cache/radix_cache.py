@@ -5,26 +5,24 @@ window before p and the conv window at p. Nodes end where checkpoints were taken
 ends, divergence points, ends of finished requests); matching walks to the longest shared prefix
 m and resumes at the deepest node end c <= m that has all three, so the request recomputes only
 [c, m) and a later request finds a checkpoint at m. Sliding KV is kept only in the window before
-each checkpoint (0 marks a dropped slot).
+each checkpoint (0 marks a dropped slot). Eviction by value lives in radix_eviction.py.
 """
 
 from __future__ import annotations
 
-import heapq
-import itertools
 import time
+import weakref
 from dataclasses import dataclass
 
 import torch
 
 from sgl_inkling.mem_cache.memory_pool import TokenSlotAllocator
+from sgl_inkling.mem_cache.radix_eviction import COUNTERS, RadixEviction, wanted_seq
 from sgl_inkling.mem_cache.sconv_checkpoints import SConvCheckpointPool
-
-_ticket = itertools.count()
 
 
 class TreeNode:
-    __slots__ = ("key", "full", "swa", "ckpt", "children", "parent", "lock_ref", "last_access", "end")
+    __slots__ = ("key", "full", "swa", "ckpt", "children", "parent", "lock_ref", "last_access", "end", "wanted")
 
     def __init__(self, key, full, swa, parent, end):
         self.key: list[int] = key
@@ -36,6 +34,7 @@ class TreeNode:
         self.lock_ref = 0
         self.last_access = time.monotonic()
         self.end = end  # prefix length at the end of this node
+        self.wanted = None  # the earliest queued request that will resume through this node
 
 
 @dataclass(frozen=True)
@@ -48,15 +47,18 @@ class MatchResult:
     ckpt: int | None  # conv checkpoint at c (None when c == 0)
 
 
-def common_prefix_len(a: list[int], b: list[int]) -> int:
-    n = min(len(a), len(b))
+def common_prefix_len(a: list[int], b: list[int], start: int = 0) -> int:
+    """Length of the common prefix of `a` and `b[start:]` (without copying b's tail per call)."""
+    n = min(len(a), len(b) - start)
+    if a[:n] == b[start : start + n]:  # the usual case on a cached path, at C speed
+        return n
     i = 0
-    while i < n and a[i] == b[i]:
+    while a[i] == b[start + i]:
         i += 1
     return i
 
 
-class RadixCache:
+class RadixCache(RadixEviction):
     def __init__(
         self,
         full: TokenSlotAllocator,
@@ -65,12 +67,14 @@ class RadixCache:
         window: int,
     ):
         self.full_alloc, self.swa_alloc, self.ckpts, self.window = full, swa, ckpts, window
+        self.counters = dict.fromkeys(COUNTERS, 0)
         self.reset()
 
     def reset(self) -> None:
         empty = torch.empty(0, dtype=torch.int64)
         self.root = TreeNode([], empty, empty, None, 0)
         self.root.lock_ref = 1  # never evicted
+        self._prune_later: set[TreeNode] = set()  # locked when their sliding KV became unneeded
 
     # ---------------------------------------------------------------- structure
 
@@ -80,6 +84,7 @@ class RadixCache:
         upper = TreeNode(child.key[:at], child.full[:at], child.swa[:at], parent, parent.end + at)
         upper.lock_ref = child.lock_ref
         upper.last_access = child.last_access
+        upper.wanted = child.wanted
         child.key, child.full, child.swa = child.key[at:], child.full[at:], child.swa[at:]
         child.parent = upper
         upper.children[child.key[0]] = child
@@ -93,7 +98,7 @@ class RadixCache:
             child = node.children.get(tokens[pos])
             if child is None:
                 break
-            n = common_prefix_len(child.key, tokens[pos:])
+            n = common_prefix_len(child.key, tokens, pos)
             if n < len(child.key):
                 child = self._split(child, n)
             node, pos = child, pos + n
@@ -114,12 +119,29 @@ class RadixCache:
             child = node.children.get(tokens[pos])
             if child is None:
                 break
-            n = common_prefix_len(child.key, tokens[pos:])
+            n = common_prefix_len(child.key, tokens, pos)
             pos += n
             if n < len(child.key):
                 break
             node = child
         return pos
+
+    def mark_wanted(self, tokens: list[int], req) -> None:
+        """Record that a queued request (with `queued` and `wait_seq`) will resume along `tokens`:
+        eviction keeps what queued requests will reuse, and what the earliest of them need longest."""
+        node, pos = self.root, 0
+        while pos < len(tokens):
+            child = node.children.get(tokens[pos])
+            if child is None:
+                break
+            seq = wanted_seq(child)
+            if seq is None or req.wait_seq < seq:
+                child.wanted = weakref.ref(req)  # a finished request is not kept alive by the tree
+            n = common_prefix_len(child.key, tokens, pos)
+            pos += n
+            if n < len(child.key):
+                break
+            node = child
 
     def match(self, tokens: list[int]) -> MatchResult:
         """Deepest resumable point for `tokens`; at least the last token is always left to compute."""
@@ -165,7 +187,7 @@ class RadixCache:
                 node.children[tokens[pos]] = child
                 node, pos = child, len(tokens)
                 break
-            n = common_prefix_len(child.key, tokens[pos:])
+            n = common_prefix_len(child.key, tokens, pos)
             if n < len(child.key):
                 child = self._split(child, n)
             self._absorb(child, full[pos : pos + n], swa[pos : pos + n])
@@ -173,10 +195,24 @@ class RadixCache:
             node.last_access = now
         node.last_access = now
         self._attach_ckpt(node, ckpt)
-        for p, slot in sorted((inner_ckpts or {}).items()):
-            # Walking to p splits the node that contains p, so a node ends exactly there.
-            self._attach_ckpt(self._walk(tokens[:p])[-1], slot)
+        self._attach_inner(tokens, inner_ckpts or {})
         return node
+
+    def _attach_inner(self, tokens: list[int], inner: dict[int, int]) -> None:
+        """Checkpoints at positions inside the path of `tokens` (just inserted, so it matches):
+        one descent, splitting the node that holds each position so that a node ends there."""
+        node, pos = self.root, 0
+        for p, slot in sorted(inner.items()):
+            while True:
+                child = node.children[tokens[pos]]
+                end = pos + len(child.key)
+                if end >= p:
+                    break
+                node, pos = child, end
+            if end > p:
+                child = self._split(child, p - pos)
+            self._attach_ckpt(child, slot)
+            node, pos = child, p
 
     def _attach_ckpt(self, node: TreeNode, slot: int | None) -> None:
         if slot is None:
@@ -205,7 +241,7 @@ class RadixCache:
         path.reverse()
         return self._concat(path, "full"), self._concat(path, "swa")
 
-    # ---------------------------------------------------------------- locking and eviction
+    # ---------------------------------------------------------------- locking
 
     def lock(self, node: TreeNode) -> None:
         while node is not None:
@@ -225,47 +261,6 @@ class RadixCache:
             stack.extend(n.children.values())
         return out
 
-    def evict(self, full: int = 0, swa: int = 0, ckpts: int = 0) -> None:
-        """Free least-recently-used unlocked leaves until the allocators have the asked-for room."""
-
-        def short() -> bool:
-            return (
-                self.full_alloc.available < full
-                or self.swa_alloc.available < swa
-                or self.ckpts.available < ckpts
-            )
-
-        if not short():
-            return
-        heap = [
-            (n.last_access, next(_ticket), n) for n in self._nodes() if not n.children and n.lock_ref == 0
-        ]
-        heapq.heapify(heap)
-        while heap and short():
-            _, _, node = heapq.heappop(heap)
-            self._free_node(node)
-            parent = node.parent
-            del parent.children[node.key[0]]
-            if parent is not self.root and not parent.children and parent.lock_ref == 0:
-                heapq.heappush(heap, (parent.last_access, next(_ticket), parent))
-        if self.ckpts.available < ckpts:
-            # Internal nodes can give up their checkpoint and stay as plain KV.
-            for node in sorted(self._nodes(), key=lambda n: n.last_access):
-                if node.ckpt is not None and node.lock_ref == 0:
-                    self.ckpts.free(node.ckpt)
-                    node.ckpt = None
-                    if self.ckpts.available >= ckpts:
-                        break
-
-    def _free_node(self, node: TreeNode) -> None:
-        self.full_alloc.free(node.full)
-        live = node.swa[node.swa != 0]
-        if live.numel():
-            self.swa_alloc.free(live)
-        if node.ckpt is not None:
-            self.ckpts.free(node.ckpt)
-            node.ckpt = None
-
     def flush(self) -> None:
         for node in self._nodes():
             if node is not self.root:
@@ -274,12 +269,16 @@ class RadixCache:
 
     def stats(self) -> dict[str, int]:
         nodes = self._nodes()[1:]
+        n_ckpts = sum(n.ckpt is not None for n in nodes)
+        per_ckpt = self.ckpts.bytes_per_checkpoint()
         return {
             "radix_cached_tokens": sum(len(n.key) for n in nodes),
             "radix_swa_tokens": sum(int((n.swa != 0).sum()) for n in nodes),
-            "radix_checkpoints": sum(n.ckpt is not None for n in nodes),
+            "radix_checkpoints": n_ckpts,
+            "radix_checkpoint_bytes": n_ckpts * per_ckpt,
             "radix_nodes": len(nodes),
-            "sconv_checkpoint_bytes": self.ckpts.bytes_per_checkpoint(),
+            **self.counters,
+            "sconv_checkpoint_bytes": per_ckpt,
             "sconv_checkpoints_available": self.ckpts.available,
             "sconv_checkpoints_total": self.ckpts.size,
         }

@@ -16,7 +16,12 @@ from sgl_inkling.model_executor.model_runner import ModelRunner
 
 class ReqKVManager:
     def __init__(
-        self, runner: ModelRunner, window: int, enable_cache: bool, num_checkpoints: int, interval: int
+        self,
+        runner: ModelRunner,
+        window: int,
+        enable_cache: bool,
+        num_checkpoints: int,
+        interval: int,
     ):
         self.runner = runner
         self.window = window
@@ -25,11 +30,32 @@ class ReqKVManager:
         self.swa = runner.swa_pool.allocator
         self.rows = runner.req_to_token
         self.radix: RadixCache | None = None
+        self._arrivals = 0
+        # Prefix-cache accounting over first admissions (a retracted request is not counted again).
+        self.counters = dict.fromkeys(
+            (
+                "radix_requests",
+                "radix_hit_requests",
+                "radix_hit_tokens",  # tokens served from the cache (sum of cached_tokens)
+                "radix_matched_tokens",  # longest cached prefix, capped at what a request could reuse
+                "radix_recomputed_tokens",  # matched but recomputed: no checkpoint was at hand there
+                "radix_snapshots_skipped",  # snapshot points left out because no checkpoint slot was free
+                "radix_end_checkpoints_missing",  # inserts cut back because the end checkpoint had no slot
+            ),
+            0,
+        )
         if enable_cache:
-            ckpts = SConvCheckpointPool(num_checkpoints, runner.sconv_pool)
+            ckpts = SConvCheckpointPool(num_checkpoints, runner.sconv_pool, runner.dtype)
             self.radix = RadixCache(self.full, self.swa, ckpts, window)
 
     # ---------------------------------------------------------------- admission
+
+    def on_arrival(self, req: Req) -> None:
+        """Number the request and mark the cached prefix it will reuse, so eviction spares it."""
+        self._arrivals += 1
+        req.wait_seq = self._arrivals
+        if self.radix is not None:
+            self.radix.mark_wanted(req.cache_key, req)
 
     def admit(self, req: Req) -> bool:
         """Give the request a table row and resume it from the longest usable cached prefix."""
@@ -37,10 +63,12 @@ class ReqKVManager:
         if row is None:
             return False
         req.row, req.kv_len, req.owned, req.swa_released, req.divergence = row, 0, 0, 0, None
+        matched = 0
         if self.radix is not None:
             # Prompt logprobs need logits from logprob_start_len on: resume no later than that.
             key = req.cache_key
             key = key[: max(1, req.logprob_start_len)] if req.wants_input_logprobs else key
+            req.resume_point = len(key) - 1  # where a repeat of this request will resume
             m = self.radix.match(key)
             c = m.resume_len
             if c > 0:
@@ -54,29 +82,43 @@ class ReqKVManager:
             req.last_node, req.kv_len, req.owned, req.swa_released = m.node, c, c, c
             if m.matched_len > c:
                 req.divergence = m.matched_len
+            matched = min(m.matched_len, len(key) - 1)
         if not req.admitted_once:
             req.cached_tokens = req.kv_len
             req.admitted_once = True
+            if self.radix is not None:
+                ct = self.counters
+                ct["radix_requests"] += 1
+                ct["radix_hit_requests"] += req.kv_len > 0
+                ct["radix_hit_tokens"] += req.kv_len
+                ct["radix_matched_tokens"] += matched
+                ct["radix_recomputed_tokens"] += matched - req.kv_len
         return True
 
     def snapshot_plan(self, req: Req, n: int) -> list[tuple[int, int]]:
-        """Checkpoint slots for the positions inside the next chunk that deserve one: every
-        `interval` tokens (a later divergence then recomputes less than one interval) and the
-        divergence point found at admission (later requests resume exactly there)."""
+        """Checkpoint slots for the positions inside the next chunk that deserve one:
+        - every `interval` tokens (a later divergence then recomputes less than one interval);
+        - one before the chunk's end (whose own checkpoint cache_prefix takes): a prompt ending
+          there (a repeat, a strict prefix ending on this boundary) resumes at its len - 1;
+        - where a repeat of this request resumes (len - 1, or before the logprob start);
+        - the divergence point found at admission and the position before it (later requests
+          resume exactly there, or at len - 1 when the prompt ends on it)."""
         if self.radix is None:
             return []
         start, end = req.kv_len, req.kv_len + n
-        points = set()
+        points = {end - 1, req.resume_point}
         if self.interval > 0:
             points.update(range((start // self.interval + 1) * self.interval, end, self.interval))
-        if req.divergence is not None and start < req.divergence < end:
-            points.add(req.divergence)
+        if req.divergence is not None:
+            points.update((req.divergence - 1, req.divergence))
+        points = sorted(p for p in points if start < p < end)
+        self.radix.evict(ckpts=len(points))
         plan = []
-        for p in sorted(points):
-            self.radix.evict(ckpts=1)
+        for p in points:
             slot = self.radix.ckpts.take()
             if slot is None:
-                break
+                self.counters["radix_snapshots_skipped"] += 1
+                continue
             plan.append((p - start, slot))
             req.pending_ckpts[p] = slot
         return plan
@@ -132,12 +174,23 @@ class ReqKVManager:
 
     def cache_prefix(self, req: Req) -> None:
         """Hand [0, kv_len) to the radix tree with conv checkpoints at kv_len and at the snapshots
-        taken during the chunk; keep it locked. Sliding KV is kept only before checkpoints."""
+        taken during the chunk; keep it locked. Sliding KV is kept only before checkpoints.
+
+        KV is never cached past its last checkpoint: when no slot can be found for the end
+        checkpoint (every one is held), the tree takes the prefix up to the deepest snapshot and
+        the rest stays the request's, freed with it."""
         if self.radix is None or req.row is None or req.kv_len == 0:
             return
         self.radix.evict(ckpts=1)
         end_ckpt = self.radix.ckpts.save(req.row)
         n = req.kv_len
+        if end_ckpt is None:
+            self.counters["radix_end_checkpoints_missing"] += 1
+            n = max([p for p in req.pending_ckpts if p <= n] + [req.owned])
+            if n <= req.owned:
+                self.release_window(req)
+                return
+            end_ckpt = req.pending_ckpts.pop(n)
         points = sorted(req.pending_ckpts) + [n]
         lo = max(req.owned, req.swa_released)
         if n > lo:
@@ -165,6 +218,8 @@ class ReqKVManager:
         self.radix.unlock(req.last_node)
         req.last_node, req.owned = node, n
         req.swa_released = max(req.swa_released, n)
+        if n < req.kv_len:
+            self.release_window(req)
 
     def free(self, req: Req) -> None:
         """Return the request's own slots and row, and unlock its cached prefix."""
@@ -195,4 +250,9 @@ class ReqKVManager:
         }
         if self.radix is not None:
             out.update(self.radix.stats())
+            out.update(self.counters)
+            out["sconv_checkpoint_interval"] = self.interval
+            out["sliding_window_size"] = self.window
+            out["full_kv_bytes_per_token"] = self.runner.full_pool.bytes_per_token()
+            out["swa_kv_bytes_per_token"] = self.runner.swa_pool.bytes_per_token()
         return out

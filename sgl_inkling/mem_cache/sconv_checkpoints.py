@@ -1,4 +1,10 @@
-"""Short-conv checkpoints: snapshots of a request's conv window, owned by radix-tree nodes."""
+"""Short-conv checkpoints: snapshots of a request's conv window, owned by radix-tree nodes.
+
+The live conv state is fp32, but what it holds are the conv *inputs*, which are activations of the
+model's dtype: a bf16 model's inputs are exact in bf16, so the snapshots of the conv streams are
+stored at the activations' dtype (half the bytes of fp32, restored bit-exactly). Extra per-request
+state carried with the windows (MTP's hidden states, named entries) keeps its own dtype.
+"""
 
 from __future__ import annotations
 
@@ -10,11 +16,14 @@ from sgl_inkling.mem_cache.memory_pool import SConvStatePool
 class SConvCheckpointPool:
     """`size` snapshots with the layout of one SConvStatePool row (every layer, all four streams)."""
 
-    def __init__(self, size: int, like: SConvStatePool):
+    def __init__(self, size: int, like: SConvStatePool, dtype: torch.dtype = torch.float32):
         self.size = size
         self.live = like
         self.store = {
-            layer: [torch.zeros((size, *t.shape[1:]), dtype=t.dtype, device=t.device) for t in ts]
+            layer: [
+                torch.zeros((size, *t.shape[1:]), dtype=dtype if isinstance(layer, int) else t.dtype, device=t.device)
+                for t in ts
+            ]
             for layer, ts in like.states.items()
         }
         self._free = list(range(size))
@@ -24,7 +33,7 @@ class SConvCheckpointPool:
         return len(self._free)
 
     def bytes_per_checkpoint(self) -> int:
-        return self.live.bytes_per_slot()
+        return sum(t[0].numel() * t.element_size() for ts in self.store.values() for t in ts)
 
     def take(self) -> int | None:
         """A free slot for the model to write a snapshot into; None when the pool is full."""
