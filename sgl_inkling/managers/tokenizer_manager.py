@@ -63,6 +63,9 @@ class TokenizerManager:
         self._started = False
         self.num_requests = 0
         self.num_errors = 0
+        # A model step failed (scheduler_faults): /health answers 503 until generation works again.
+        self.model_fault: str | None = None
+        self.num_model_faults = 0
 
     # ---------------------------------------------------------------- plumbing
 
@@ -112,6 +115,9 @@ class TokenizerManager:
                 st.input_logprobs = t.input_token_logprobs[i]
             if t.finished_reasons[i] is not None:
                 st.finished_reason = t.finished_reasons[i]
+                if st.finished_reason.get("fault") == io.MODEL_STEP_FAULT:
+                    self.model_fault = st.finished_reason.get("message") or "model step failed"
+                    self.num_model_faults += 1
                 st.stop_str = t.stop_strs[i]
             st.event.set()
 
@@ -126,9 +132,10 @@ class TokenizerManager:
     async def flush_cache(self) -> io.FlushCacheResp:
         return await self._control_call(io.FlushCacheReq())
 
-    def abort_request(self, rid: str) -> None:
-        if rid in self.rid_to_state or rid == "":
-            self.send_sock.send_pyobj(io.AbortReq(rid))
+    def abort_request(self, rid: str = "", abort_all: bool = False) -> None:
+        """Stop one request, or every request with abort_all; an unknown rid is a no-op."""
+        if abort_all or rid in self.rid_to_state:
+            self.send_sock.send_pyobj(io.AbortReq(rid, abort_all=abort_all))
 
     # ---------------------------------------------------------------- requests
 
