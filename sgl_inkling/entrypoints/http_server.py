@@ -69,6 +69,8 @@ def create_app(tm: TokenizerManager, backend, server_args) -> FastAPI:
     async def health() -> Response:
         if not backend.alive():
             return error(503, "a server process has exited")
+        if tm.draining:
+            return error(503, "the server is shutting down")
         if tm.model_fault is not None:
             return error(503, f"unhealthy since a model step failed: {tm.model_fault}")
         return Response(status_code=200)

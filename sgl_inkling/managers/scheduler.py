@@ -44,8 +44,9 @@ class Scheduler(SpecDecodeMixin, FaultIsolationMixin):
         self.tokenizer = get_tokenizer(server_args.tokenizer_path)
         device, dtype = server_args.resolved_device(), server_args.resolved_dtype()
         model = load_model(
-            model_path, dtype, device, server_args.load_format, enable_multimodal=server_args.enable_multimodal
-        )
+            model_path, dtype, device, server_args.load_format, enable_multimodal=server_args.enable_multimodal,
+            need_mtp=server_args.speculative_algorithm is not None,
+        )  # fmt: skip
         cfg = model.cfg
         self.context_len = server_args.context_length or cfg.max_position_embeddings
         sizes = size_pools(model, server_args, self.context_len)

@@ -40,7 +40,7 @@ class FaultIsolationMixin:
                       stop_token_ids=set())  # fmt: skip
             self.fail_request(req, f"internal error: {type(e).__name__}: {e}", 500)
             return
-        problem = self.refusal(req)
+        problem = self.refusal(req, msg)
         if problem is not None:
             self.fail_request(req, problem, 400)
             return
@@ -52,7 +52,7 @@ class FaultIsolationMixin:
             return
         self.waiting.append(req)
 
-    def refusal(self, req: Req) -> str | None:
+    def refusal(self, req: Req, msg: io.TokenizedGenerateReq) -> str | None:
         """Why this request cannot run here (checked again though the HTTP edge validates: a request
         that fails inside a batch would take the batch with it)."""
         sp = req.sampling_params
@@ -65,6 +65,10 @@ class FaultIsolationMixin:
         bad = [t for t in bias if not 0 <= t < self.vocab]
         if bad:
             return f"logit_bias token id {bad[0]} is outside the vocabulary [0, {self.vocab})"
+        if msg.grammar is not None and sp.min_new_tokens:
+            # The grammar may end the output before min_new_tokens; holding the end back would force
+            # tokens the grammar forbids.
+            return "min_new_tokens cannot be combined with constrained output (json_schema, regex, ebnf, tools)"
         ids = req.origin_input_ids
         if not ids or any(not isinstance(t, int) or not 0 <= t < self.vocab for t in ids):
             return f"input_ids must be a non-empty list of token ids in [0, {self.vocab})"
