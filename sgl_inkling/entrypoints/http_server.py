@@ -10,17 +10,27 @@ from contextlib import asynccontextmanager
 import orjson
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from pydantic import BaseModel, ConfigDict, StrictBool, StrictStr, ValidationError
 
 from sgl_inkling.entrypoints.guard import GuardMiddleware
 from sgl_inkling.entrypoints.metrics import render_metrics, replica_loads
 from sgl_inkling.entrypoints.native_fields import strip_accepted_fields
 from sgl_inkling.entrypoints.native_output import engine_error, sse_events
-from sgl_inkling.entrypoints.openai.router import build_openai_router
+from sgl_inkling.entrypoints.openai.router import BODY_MODELS, build_openai_router
+from sgl_inkling.entrypoints.openapi_bodies import body_of, install
 from sgl_inkling.managers.io_struct import GenerateReqInput, RequestError
 from sgl_inkling.managers.tokenizer_manager import TokenizerManager
 
 logger = logging.getLogger(__name__)
 _GENERATE_FIELDS = {f.name for f in dataclasses.fields(GenerateReqInput)}
+
+
+class AbortRequestBody(BaseModel):
+    """/abort_request: one request by rid, or every request with abort_all (upstream's fields)."""
+
+    model_config = ConfigDict(extra="forbid")
+    rid: StrictStr = ""
+    abort_all: StrictBool = False
 
 
 def error_body(status: int, message: str) -> dict:
@@ -57,6 +67,7 @@ def create_app(tm: TokenizerManager, backend, server_args) -> FastAPI:
     app.state.tm = tm
     app.include_router(build_openai_router(lambda: tm))
 
+    install(app, [*BODY_MODELS, AbortRequestBody])
     app.add_middleware(
         GuardMiddleware, api_key=server_args.api_key, max_bytes=server_args.max_payload_bytes, error=error
     )
@@ -133,16 +144,14 @@ def create_app(tm: TokenizerManager, backend, server_args) -> FastAPI:
         resp = await tm.flush_cache()
         return PlainTextResponse("Cache flushed.\n" if resp.success else resp.message, status_code=200)
 
-    @app.post("/abort_request")
+    @app.post("/abort_request", openapi_extra=body_of(AbortRequestBody))
     async def abort_request(request: Request):
-        data = await read_json(request)
-        unknown = set(data) - {"rid", "abort_all"}
-        if unknown:
-            raise RequestError(f"unknown field(s) in /abort_request body: {sorted(unknown)}")
-        rid, abort_all = data.get("rid", ""), data.get("abort_all", False)
-        if not isinstance(rid, str) or not isinstance(abort_all, bool):
-            raise RequestError("'rid' must be a string and 'abort_all' a boolean")
-        tm.abort_request(rid, abort_all=abort_all)  # an unknown or empty rid is a no-op (200, as upstream)
+        try:
+            body = AbortRequestBody.model_validate(await read_json(request))
+        except ValidationError as e:
+            err = e.errors(include_url=False)[0]
+            raise RequestError(f"/abort_request: {'.'.join(map(str, err['loc']))}: {err['msg']}") from None
+        tm.abort_request(body.rid, abort_all=body.abort_all)  # an unknown or empty rid: no-op (200, as upstream)
         return Response(status_code=200)
 
     @app.get("/metrics")
