@@ -76,7 +76,7 @@ def create_app(tm: TokenizerManager, backend, server_args) -> FastAPI:
     async def request_error(_: Request, e: RequestError):
         return error(e.status_code, e.message)
 
-    @app.get("/health")
+    @app.get("/health", response_class=Response)
     async def health() -> Response:
         if not backend.alive():
             return error(503, "a server process has exited")
@@ -88,7 +88,7 @@ def create_app(tm: TokenizerManager, backend, server_args) -> FastAPI:
 
     faults_seen = [0]  # model-step failures already reported by /health_generate
 
-    @app.get("/health_generate")
+    @app.get("/health_generate", response_class=Response)
     async def health_generate() -> Response:
         """Generate one token. 503 when that fails, or (once) when a model step failed since the
         previous probe; a successful probe clears /health's 503."""
@@ -144,7 +144,7 @@ def create_app(tm: TokenizerManager, backend, server_args) -> FastAPI:
         resp = await tm.flush_cache()
         return PlainTextResponse("Cache flushed.\n" if resp.success else resp.message, status_code=200)
 
-    @app.post("/abort_request", openapi_extra=body_of(AbortRequestBody))
+    @app.post("/abort_request", response_class=Response, openapi_extra=body_of(AbortRequestBody))
     async def abort_request(request: Request):
         try:
             body = AbortRequestBody.model_validate(await read_json(request))

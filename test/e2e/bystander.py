@@ -10,7 +10,7 @@ import requests
 
 from test.unit.helpers import random_prompt
 
-TOKENS = 96
+TOKENS = 48
 
 
 def body(seed: int, n: int = TOKENS) -> dict:

@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import pytest
 import schemathesis
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, given, settings
 from schemathesis import GenerationMode
 from schemathesis.checks import not_a_server_error
 from schemathesis.specs.openapi.checks import response_schema_conformance
 
 from .server import ServerProcess
+
+EXAMPLES = 60  # per operation with a body and mode: a couple of minutes in all on the CI box
 
 
 @pytest.fixture(scope="module")
@@ -25,7 +27,6 @@ def fuzzed(tiny_path):
 @pytest.fixture(scope="module")
 def api_schema(fuzzed):
     schema = schemathesis.openapi.from_url(fuzzed.base_url + "/openapi.json")
-    schema.config.generation.update(modes=[GenerationMode.POSITIVE, GenerationMode.NEGATIVE])
     return schema
 
 
@@ -36,14 +37,27 @@ def test_openapi_declares_the_request_bodies(fuzzed):
     assert "ChatCompletionRequest" in spec["components"]["schemas"]
 
 
-schema = schemathesis.pytest.from_fixture("api_schema")
+BODIES = ["POST /v1/chat/completions", "POST /v1/completions", "POST /abort_request", "POST /generate"]
+NO_BODY = ["GET /v1/models", "GET /health", "GET /get_model_info", "GET /get_load"]
+VALID, INVALID = GenerationMode.POSITIVE, GenerationMode.NEGATIVE
+CASES = [(op, VALID) for op in BODIES + NO_BODY] + [(op, INVALID) for op in BODIES]  # GETs take no input
 
 
-@schema.parametrize()
-@settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
-def test_no_5xx_and_responses_match_the_schema(case, fuzzed):
-    case.call_and_validate(base_url=fuzzed.base_url, timeout=60,
-                           checks=[not_a_server_error, response_schema_conformance])  # fmt: skip
+@pytest.mark.parametrize("label, mode", CASES, ids=[f"{m.value}-{op}" for op, m in CASES])
+def test_no_5xx_and_responses_match_the_schema(api_schema, fuzzed, label, mode):
+    # schemathesis' pytest plugin does not run under this pytest; hypothesis drives its strategy directly
+    operation = api_schema.find_operation_by_label(label)
+    assert operation is not None, f"/openapi.json has no {label}"
+    if label == "POST /generate" and "requestBody" not in operation.definition.raw:
+        pytest.skip("/openapi.json declares no /generate body yet (its pydantic model is issue 18's other half)")
+
+    @given(case=operation.as_strategy(generation_mode=mode))
+    @settings(max_examples=EXAMPLES if label in BODIES else 5, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+    def fuzz(case):
+        case.call_and_validate(base_url=fuzzed.base_url, timeout=60,
+                               checks=[not_a_server_error, response_schema_conformance])  # fmt: skip
+
+    fuzz()
 
 
 def test_pools_are_idle_after_the_fuzzing(fuzzed):
