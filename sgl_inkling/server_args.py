@@ -59,6 +59,7 @@ class ServerArgs:
     api_key: str | None = None
     max_payload_bytes: int = 8 * 1024 * 1024
     skip_server_warmup: bool = False
+    graceful_shutdown_timeout: float = 30.0  # SIGTERM: seconds requests in flight may still run
     # Memory and scheduling
     mem_fraction_static: float | None = None  # None: 0.85 on cuda
     max_running_requests: int | None = None
@@ -134,6 +135,9 @@ class ServerArgs:
         g.add_argument("--max-payload-bytes", type=int, default=d.max_payload_bytes,
                        help="Larger request bodies are rejected with 413.")
         g.add_argument("--skip-server-warmup", action="store_true")
+        g.add_argument("--graceful-shutdown-timeout", type=float, default=d.graceful_shutdown_timeout,
+                       help="On SIGTERM, stop taking requests and let those in flight run this many seconds; "
+                            "the rest then end with an abort (streams with an error event and [DONE]).")
 
         g = parser.add_argument_group("memory and scheduling")
         g.add_argument("--mem-fraction-static", type=float, default=d.mem_fraction_static,
@@ -261,6 +265,8 @@ class ServerArgs:
             fail("--mem-fraction-static", f"must be in (0, 1), got {self.mem_fraction_static}")
         if self.allowed_local_media_path is not None and not os.path.isdir(self.allowed_local_media_path):
             fail("--allowed-local-media-path", f"{self.allowed_local_media_path!r} is not a directory")
+        if not 0 <= self.graceful_shutdown_timeout < float("inf"):
+            fail("--graceful-shutdown-timeout", f"must be a number of seconds >= 0, got {self.graceful_shutdown_timeout}")
         if self.context_length is not None and self.context_length < 1:
             fail("--context-length", f"must be >= 1, got {self.context_length}")
         for flag, value in (

@@ -94,6 +94,7 @@ def parse_output(
     separate_reasoning: bool = True,
     parse_tool_calls: bool = True,
     tml_parser: v0.Parser | None = None,
+    tool_headers: bool = True,
 ) -> ParsedOutput:
     """Parse a whole generated turn. Never raises on malformed, truncated or garbage output."""
     # Imported here: the streaming parser builds on this module's types.
@@ -104,6 +105,7 @@ def parse_output(
         separate_reasoning=separate_reasoning,
         parse_tool_calls=parse_tool_calls,
         tml_parser=tml_parser,
+        tool_headers=tool_headers,
     )
     parser.feed(token_ids)
     parser.finish()

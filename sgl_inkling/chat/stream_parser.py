@@ -5,6 +5,8 @@ The state machine follows the TMLv0 framing token by token:
   a header until a `<|content_KIND|>` opens a block; a tool name is such a header, so header text is
   held back and never reaches `content`. A header ended without a content kind was a stray message
   and is shown as content; one cut off by the end of output may be a partial tool name: dropped.
+  With no tools declared (tool_headers=False) nothing can be a tool name: a header-less block is
+  text from its first token.
 - BLOCK: payload until `<|end_message|>` (or end of turn). Text and thinking stream as decoded;
   a tool-call payload streams its "args" object through `ArgsScanner`; the finished block is
   validated by tml-renderers' parser (see `interpret_tool_call`).
@@ -69,8 +71,10 @@ class StreamingOutputParser:
         separate_reasoning: bool = True,
         parse_tool_calls: bool = True,
         tml_parser: v0.Parser | None = None,
+        tool_headers: bool = True,
     ) -> None:
         self._tok = tokenizer or get_tokenizer()
+        self._tool_headers = tool_headers
         self._fr = self._tok.framing
         self._separate_reasoning = separate_reasoning
         self._parse_tool_calls = parse_tool_calls
@@ -118,6 +122,9 @@ class StreamingOutputParser:
             elif t in fr.content_kinds:
                 self._open_block(fr.content_kinds[t], self._header)
                 self._header = []
+            elif not self._tool_headers:
+                self._open_block("text", [])
+                self._run.append(t)
             else:
                 self._header.append(t)
                 if len(self._header) > MAX_HEADER_TOKENS:

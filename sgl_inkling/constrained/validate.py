@@ -8,10 +8,12 @@ import json
 import re
 from typing import Any
 
+import orjson
 import xgrammar as xgr
 from jsonschema.exceptions import SchemaError
 from jsonschema.validators import validator_for
 
+from sgl_inkling.constrained.schema_keywords import check_enforceable
 from sgl_inkling.constrained.spec import GrammarError
 
 # xgrammar prefixes its messages with "[hh:mm:ss] /path/file.cc:123: "; clients need only the rest.
@@ -27,19 +29,22 @@ def json_schema(value: Any, what: str = "json_schema") -> dict | bool:
     """A JSON schema (JSON text or already parsed) checked against its metaschema and by xgrammar."""
     if isinstance(value, str):
         try:
-            value = json.loads(value)
-        except ValueError as e:
+            value = orjson.loads(value)  # no recursion: nesting beyond 1024 is an error, not a crash
+        except orjson.JSONDecodeError as e:
             raise GrammarError(f"{what} is not valid JSON: {e}") from None
     if not isinstance(value, (dict, bool)):
         raise GrammarError(f"{what} must be a JSON schema object, got {type(value).__name__}")
     if isinstance(value, dict):
         try:
             validator_for(value).check_schema(value)
+        except RecursionError:
+            raise GrammarError(f"{what} is nested too deeply") from None
         except SchemaError as e:
             where = "/".join(str(p) for p in e.absolute_path)
             raise GrammarError(
                 f"{what} is not a valid JSON schema{f' at {where}' if where else ''}: {e.message}"
             ) from None
+        check_enforceable(value, what)
     try:
         xgr.Grammar.from_json_schema(json.dumps(value))
     except Exception as e:  # xgrammar raises RuntimeError/ValueError for schemas it cannot convert

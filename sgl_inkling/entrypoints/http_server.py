@@ -4,65 +4,54 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
 import logging
 from contextlib import asynccontextmanager
 
 import orjson
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from pydantic import BaseModel, ConfigDict, StrictBool, StrictStr, ValidationError
 
+from sgl_inkling.entrypoints.guard import GuardMiddleware
 from sgl_inkling.entrypoints.metrics import render_metrics, replica_loads
 from sgl_inkling.entrypoints.native_fields import strip_accepted_fields
-from sgl_inkling.entrypoints.openai.router import build_openai_router
+from sgl_inkling.entrypoints.native_output import engine_error, sse_events
+from sgl_inkling.entrypoints.openai.router import BODY_MODELS, build_openai_router
+from sgl_inkling.entrypoints.openapi_bodies import body_of, install
 from sgl_inkling.managers.io_struct import GenerateReqInput, RequestError
 from sgl_inkling.managers.tokenizer_manager import TokenizerManager
 
 logger = logging.getLogger(__name__)
 _GENERATE_FIELDS = {f.name for f in dataclasses.fields(GenerateReqInput)}
-_OPEN_PATHS = {"/health", "/metrics"}
+
+
+class AbortRequestBody(BaseModel):
+    """/abort_request: one request by rid, or every request with abort_all (upstream's fields)."""
+
+    model_config = ConfigDict(extra="forbid")
+    rid: StrictStr = ""
+    abort_all: StrictBool = False
+
+
+def error_body(status: int, message: str) -> dict:
+    return {"object": "error", "message": message, "type": "BadRequestError" if status < 500 else "InternalError",
+            "code": status, "error": {"message": message, "code": status}}  # fmt: skip
 
 
 def error(status: int, message: str) -> JSONResponse:
-    return JSONResponse(
-        {"object": "error", "message": message, "type": "BadRequestError" if status < 500 else "InternalError",
-         "code": status, "error": {"message": message, "code": status}},
-        status_code=status,
-    )  # fmt: skip
+    return JSONResponse(error_body(status, message), status_code=status)
 
 
 async def read_json(request: Request) -> dict:
-    body = await request.body()
+    """The body as a JSON object. orjson refuses what would fail later with a 500: nesting deeper
+    than 1024 (no recursion), lone surrogates (not encodable text), invalid UTF-8, NaN."""
     try:
-        data = json.loads(body.decode("utf-8"))
-    except UnicodeDecodeError:
-        raise RequestError("the request body is not valid UTF-8") from None
-    except json.JSONDecodeError as e:
+        data = orjson.loads(await request.body())
+    except orjson.JSONDecodeError as e:
         raise RequestError(f"malformed JSON body: {e}") from None
     if not isinstance(data, dict):
         raise RequestError("the request body must be a JSON object")
     return data
-
-
-class GuardMiddleware:
-    """API key and body-size checks as plain ASGI: a BaseHTTPMiddleware would wrap `receive` and hide
-    client disconnects from the endpoints, so aborted requests would keep running."""
-
-    def __init__(self, app, api_key: str | None, max_bytes: int):
-        self.app, self.api_key, self.max_bytes = app, api_key, max_bytes
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
-        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
-        if self.api_key and scope["path"] not in _OPEN_PATHS:
-            if headers.get("authorization", "") != f"Bearer {self.api_key}":
-                resp = error(401, "missing or invalid API key (send 'Authorization: Bearer <key>')")
-                return await resp(scope, receive, send)
-        length = headers.get("content-length", "")
-        if length.isdigit() and int(length) > self.max_bytes:
-            return await error(413, f"the request body exceeds {self.max_bytes} bytes")(scope, receive, send)
-        return await self.app(scope, receive, send)
 
 
 def create_app(tm: TokenizerManager, backend, server_args) -> FastAPI:
@@ -78,25 +67,47 @@ def create_app(tm: TokenizerManager, backend, server_args) -> FastAPI:
     app.state.tm = tm
     app.include_router(build_openai_router(lambda: tm))
 
-    app.add_middleware(GuardMiddleware, api_key=server_args.api_key, max_bytes=server_args.max_payload_bytes)
+    install(app, [*BODY_MODELS, AbortRequestBody])
+    app.add_middleware(
+        GuardMiddleware, api_key=server_args.api_key, max_bytes=server_args.max_payload_bytes, error=error
+    )
 
     @app.exception_handler(RequestError)
     async def request_error(_: Request, e: RequestError):
         return error(e.status_code, e.message)
 
-    @app.get("/health")
+    @app.get("/health", response_class=Response)
     async def health() -> Response:
-        return Response(status_code=200 if backend.alive() else 503)
+        if not backend.alive():
+            return error(503, "a server process has exited")
+        if tm.draining:
+            return error(503, "the server is shutting down")
+        if tm.model_fault is not None:
+            return error(503, f"unhealthy since a model step failed: {tm.model_fault}")
+        return Response(status_code=200)
 
-    @app.get("/health_generate")
+    faults_seen = [0]  # model-step failures already reported by /health_generate
+
+    @app.get("/health_generate", response_class=Response)
     async def health_generate() -> Response:
+        """Generate one token. 503 when that fails, or (once) when a model step failed since the
+        previous probe; a successful probe clears /health's 503."""
+        fault, new_faults = tm.model_fault, tm.num_model_faults != faults_seen[0]
+        before = tm.num_model_faults
         obj = GenerateReqInput(input_ids=[0], sampling_params={"max_new_tokens": 1, "temperature": 0})
         try:
-            async for _ in tm.generate_request(obj):
-                pass
+            async for out in tm.generate_request(obj):
+                if engine_error(out) is not None:
+                    raise engine_error(out)
         except Exception as e:  # noqa: BLE001 - health reports, never raises
             logger.warning("health_generate failed: %s", e)
-            return Response(status_code=503)
+            faults_seen[0] = tm.num_model_faults  # reported now
+            return error(503, f"generation failed: {e}")
+        if tm.num_model_faults == before:
+            tm.model_fault = None  # nothing failed while this probe ran: generation works again
+        faults_seen[0] = tm.num_model_faults
+        if new_faults:
+            return error(503, f"a model step failed since the last probe: {fault}")
         return Response(status_code=200)
 
     @app.get("/get_model_info")
@@ -112,8 +123,9 @@ def create_app(tm: TokenizerManager, backend, server_args) -> FastAPI:
     @app.get("/get_server_info")
     async def server_info():
         state = await tm.get_internal_state()
+        args = {k: v for k, v in dataclasses.asdict(server_args).items() if not k.endswith("api_key")}
         return {
-            **dataclasses.asdict(server_args),
+            **args,  # never the API key
             **backend.info,
             "internal_states": [state],
             "version": "0.1.0",
@@ -132,13 +144,14 @@ def create_app(tm: TokenizerManager, backend, server_args) -> FastAPI:
         resp = await tm.flush_cache()
         return PlainTextResponse("Cache flushed.\n" if resp.success else resp.message, status_code=200)
 
-    @app.post("/abort_request")
+    @app.post("/abort_request", response_class=Response, openapi_extra=body_of(AbortRequestBody))
     async def abort_request(request: Request):
-        data = await read_json(request)
-        rid = data.get("rid", "")
-        if not isinstance(rid, str):
-            raise RequestError("'rid' must be a string")
-        tm.abort_request(rid)
+        try:
+            body = AbortRequestBody.model_validate(await read_json(request))
+        except ValidationError as e:
+            err = e.errors(include_url=False)[0]
+            raise RequestError(f"/abort_request: {'.'.join(map(str, err['loc']))}: {err['msg']}") from None
+        tm.abort_request(body.rid, abort_all=body.abort_all)  # an unknown or empty rid: no-op (200, as upstream)
         return Response(status_code=200)
 
     @app.get("/metrics")
@@ -156,15 +169,14 @@ def create_app(tm: TokenizerManager, backend, server_args) -> FastAPI:
         if obj.stream:
             gen = tm.generate_request(obj, request)
             first = await anext(gen)  # raise validation errors as a 4xx before streaming starts
-
-            async def sse():
-                yield b"data: " + orjson.dumps(first) + b"\n\n"
-                async for out in gen:
-                    yield b"data: " + orjson.dumps(out) + b"\n\n"
-                yield b"data: [DONE]\n\n"
-
-            return StreamingResponse(sse(), media_type="text/event-stream")
+            refused = engine_error(first)  # refused by the scheduler before any token
+            if refused is not None:
+                raise refused
+            return StreamingResponse(sse_events(first, gen, error_body), media_type="text/event-stream")
         async for out in tm.generate_request(obj, request):
+            failed = engine_error(out)
+            if failed is not None:
+                raise failed
             return Response(orjson.dumps(out), media_type="application/json")
 
     return app

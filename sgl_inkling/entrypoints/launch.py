@@ -8,6 +8,7 @@ import sys
 import uvicorn
 
 from sgl_inkling.distributed.launch import serve_ranks_only
+from sgl_inkling.entrypoints.drain import DrainingServer
 from sgl_inkling.entrypoints.http_server import create_app
 from sgl_inkling.entrypoints.subprocesses import start_backend
 from sgl_inkling.managers.subprocess_utils import configure_logging
@@ -42,9 +43,9 @@ def launch_server(server_args) -> None:
         host=server_args.host,
         port=server_args.port,
         log_level=server_args.log_level,
-        timeout_graceful_shutdown=30,  # SIGTERM: stop accepting, let in-flight requests finish
+        timeout_graceful_shutdown=10,  # after the drain: connections still open then are closed
     )
     try:
-        uvicorn.Server(config).run()
+        DrainingServer(config, tm, server_args.graceful_shutdown_timeout).run()
     finally:
         backend.shutdown()

@@ -4,7 +4,7 @@ replicas, each a scheduler group with its own model and pools.
 It takes the place of the single scheduler on the tokenizer manager's socket, so the HTTP process
 does not know how many replicas there are:
 - a generate request goes to one replica (round robin, or the one with the fewest requests in flight);
-- an abort goes to the replica that holds the request (all of them for rid "");
+- an abort goes to the replica that holds the request (all of them for abort_all);
 - flush_cache and get_internal_state go to every replica, and their N replies become one.
 Replica outputs pass through here on their way to the detokenizer (forwarded as the raw pickled
 frames, never re-encoded), which is how the controller learns that a request finished.
@@ -138,7 +138,7 @@ class DataParallelController:
             i = self.balancer.assign(msg.rid, msg.data_parallel_rank)
             self.to_replica[i].send_pyobj(msg)
         elif isinstance(msg, io.AbortReq):
-            if msg.rid == "":
+            if msg.abort_all:
                 self.broadcast(msg)
             elif msg.rid in self.balancer.owner:
                 self.to_replica[self.balancer.owner[msg.rid]].send_pyobj(msg)

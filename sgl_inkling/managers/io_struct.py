@@ -72,6 +72,10 @@ class GenerateReqInput:
         )
 
 
+# finish_reason["fault"] of requests lost because the model step failed: the server is unhealthy.
+MODEL_STEP_FAULT = "model_step"
+
+
 def new_rid() -> str:
     return uuid.uuid4().hex
 
@@ -95,7 +99,8 @@ class TokenizedGenerateReq:
 
 @dataclass
 class AbortReq:
-    rid: str  # "" aborts everything
+    rid: str
+    abort_all: bool = False  # only an explicit abort_all stops every request (an empty rid is no rid)
 
 
 @dataclass

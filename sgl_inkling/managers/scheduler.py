@@ -17,17 +17,18 @@ from sgl_inkling.constrained.scheduler_hooks import (
     apply_grammar_masks,
     create_backend,
     grammar_stats,
-    on_new_request,
 )
 from sgl_inkling.managers import io_struct as io
 from sgl_inkling.managers.schedule_batch import Req
 from sgl_inkling.managers.schedule_policy import SchedulePolicy
+from sgl_inkling.managers.scheduler_faults import FaultIsolationMixin
 from sgl_inkling.managers.scheduler_memory import size_pools
 from sgl_inkling.managers.scheduler_spec import SpecDecodeMixin
 from sgl_inkling.mem_cache.req_kv import ReqKVManager
 from sgl_inkling.model_executor.forward_batch import ForwardBatch, ForwardMode
 from sgl_inkling.model_executor.model_loader import load_model
 from sgl_inkling.model_executor.model_runner import ModelRunner
+from sgl_inkling.model_executor.step_faults import model_step
 from sgl_inkling.multimodal.embed import extend_input_embeds
 from sgl_inkling.sampling.sampler import Sampler
 from sgl_inkling.sampling.sampling_batch_info import SamplingBatchInfo
@@ -35,7 +36,7 @@ from sgl_inkling.sampling.sampling_batch_info import SamplingBatchInfo
 logger = logging.getLogger(__name__)
 
 
-class Scheduler(SpecDecodeMixin):
+class Scheduler(SpecDecodeMixin, FaultIsolationMixin):
     def __init__(self, server_args, model_path: str, recv_addr: str, send_addr: str):
         self.args = server_args
         from sgl_inkling.chat.tokenizer import get_tokenizer
@@ -44,8 +45,8 @@ class Scheduler(SpecDecodeMixin):
         device, dtype = server_args.resolved_device(), server_args.resolved_dtype()
         model = load_model(
             model_path, dtype, device, server_args.load_format, enable_multimodal=server_args.enable_multimodal,
-            quantization=server_args.quantization,
-        )
+            quantization=server_args.quantization, need_mtp=server_args.speculative_algorithm is not None,
+        )  # fmt: skip
         cfg = model.cfg
         self.context_len = server_args.context_length or cfg.max_position_embeddings
         sizes = size_pools(model, server_args, self.context_len)
@@ -83,6 +84,8 @@ class Scheduler(SpecDecodeMixin):
         self.running: list[Req] = []
         self.partial: list[Req] = []  # prefill begun, not finished: they hold memory, so go first
         self.outbox: list[Req] = []
+        self.step_reqs: list[Req] = []  # the step in progress: its requests fail with it
+        self.step_allocs: dict[Req, int] = {}  # KV slots allocated past kv_len for that step
         self.num_retracted = 0
         self.num_finished = 0
 
@@ -115,23 +118,16 @@ class Scheduler(SpecDecodeMixin):
             self.recv_requests(block=not (self.waiting or self.running or self.partial))
             try:
                 self.step()
-            except Exception as e:  # a bug must cost the requests in flight, not the server
-                logger.exception("scheduler step failed; aborting the requests in flight")
-                self.fail_in_flight(f"internal error: {type(e).__name__}: {e}")
+            except Exception as e:  # a failure costs the requests of that step, not the server
+                self.fail_step(e)
             self.flush_outbox()
 
     def step(self) -> None:
+        self.step_reqs, self.step_allocs = [], {}
         if (self.waiting or self.partial) and self.run_prefill():
             return
         if self.running:
             self.run_decode()
-
-    def fail_in_flight(self, message: str) -> None:
-        for req in self.running + self.partial:
-            req.finished_reason = {"type": "abort", "message": message}
-            self.kv.free(req)  # state may be inconsistent: never cache it
-            self.outbox.append(req)
-        self.running, self.partial = [], []
 
     def recv_requests(self, block: bool) -> None:
         flags = 0 if block else zmq.NOBLOCK
@@ -145,12 +141,9 @@ class Scheduler(SpecDecodeMixin):
 
     def handle(self, msg) -> None:
         if isinstance(msg, io.TokenizedGenerateReq):
-            req = Req.from_tokenized(msg)
-            on_new_request(self.grammar, req, msg)  # compiles while the prompt prefills
-            self.kv.on_arrival(req)
-            self.waiting.append(req)
+            self.add_request(msg)
         elif isinstance(msg, io.AbortReq):
-            self.abort(msg.rid)
+            self.abort(msg.rid, msg.abort_all)
         elif isinstance(msg, io.FlushCacheReq):
             self.send_sock.send_pyobj(self.flush_cache())
         elif isinstance(msg, io.GetInternalStateReq):
@@ -189,6 +182,7 @@ class Scheduler(SpecDecodeMixin):
         for req in self.partial + self.policy.order(self.waiting):
             if budget <= 0:
                 break
+            self.step_reqs = [r for r, _, _ in batch] + [req]
             fresh = req.row is None
             if fresh:
                 if not self._fits_at_all(req):
@@ -207,9 +201,11 @@ class Scheduler(SpecDecodeMixin):
                     self.kv.free(req)  # give back the row and the prefix lock; it stays waiting
                 break
             self._remove_waiting(req)
+            self.step_allocs[req] = n
             batch.append((req, n, locs))
             budget -= n
             reserve += per_req
+        self.step_reqs = [r for r, _, _ in batch]
         if not batch:
             return False
         scheduled = {id(r) for r, _, _ in batch}
@@ -249,11 +245,12 @@ class Scheduler(SpecDecodeMixin):
         logits = out.logits
         if self.spec is not None:
             starts = torch.cumsum(torch.tensor([0] + [n for _, n, _ in batch]), 0).tolist()
-            self.spec.after_extend(
-                [(r, n, out.hidden[starts[i] : starts[i] + n], fb.sconv_snapshots.get(i, []))
-                 for i, (r, n, _) in enumerate(batch)],
-                self.kv.radix.ckpts if self.kv.radix is not None else None,
-            )  # fmt: skip
+            with model_step():
+                self.spec.after_extend(
+                    [(r, n, out.hidden[starts[i] : starts[i] + n], fb.sconv_snapshots.get(i, []))
+                     for i, (r, n, _) in enumerate(batch)],
+                    self.kv.radix.ckpts if self.kv.radix is not None else None,
+                )  # fmt: skip
         done, done_logits, offset = [], [], 0
         for (req, n, _), k in zip(batch, counts):
             rows = logits[offset : offset + k]
@@ -261,6 +258,7 @@ class Scheduler(SpecDecodeMixin):
             if req.wants_input_logprobs:
                 self._collect_input_logprobs(req, rows, n)
             req.kv_len += n
+            self.step_allocs.pop(req, None)
             self.kv.after_extend(req)
             if req.kv_len == len(req.fill_ids) and req.sampling_params.max_new_tokens == 0:
                 self.finish(req, {"type": "length", "length": 0})  # prompt logprobs only (e.g. select)
@@ -299,8 +297,9 @@ class Scheduler(SpecDecodeMixin):
             return
         if not self.make_room(1):
             return
-        reqs = list(self.running)
+        reqs = self.step_reqs = list(self.running)
         locs = [self.kv.alloc(r, 1) for r in reqs]
+        self.step_allocs = dict.fromkeys(reqs, 1)
         fb = ForwardBatch.build(
             ForwardMode.DECODE,
             [[r.fill_ids[r.kv_len]] for r in reqs],
@@ -311,6 +310,7 @@ class Scheduler(SpecDecodeMixin):
             self.runner.device,
         )
         logits = self.runner.forward(fb).logits
+        self.step_allocs = {}
         for r in reqs:
             r.kv_len += 1
             self.kv.release_window(r)
@@ -387,10 +387,10 @@ class Scheduler(SpecDecodeMixin):
         self.num_finished += 1
         self.outbox.append(req)
 
-    def abort(self, rid: str) -> None:
+    def abort(self, rid: str, abort_all: bool = False) -> None:
         pool = list(self.waiting) + self.running + self.partial
         for req in pool:
-            if rid and req.rid != rid:
+            if not abort_all and req.rid != rid:
                 continue
             if req in self.waiting:
                 self.waiting.remove(req)

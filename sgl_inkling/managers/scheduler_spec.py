@@ -9,6 +9,7 @@ import torch
 from sgl_inkling.constrained.scheduler_hooks import after_token
 from sgl_inkling.managers.schedule_batch import Req
 from sgl_inkling.model_executor.forward_batch import ForwardBatch, ForwardMode
+from sgl_inkling.model_executor.step_faults import model_step
 from sgl_inkling.sampling.sampling_batch_info import SamplingBatchInfo
 
 logger = logging.getLogger(__name__)
@@ -32,14 +33,15 @@ class SpecDecodeMixin:
                 self.finish(req, {"type": "abort", "message": "out of KV memory"})
         if live:
             empty = torch.empty(0, self.runner.model.cfg.hidden_size, device=self.runner.device)
-            self.spec.draft(live, [r.kv_len for r in live], [empty] * len(live))
+            with model_step():
+                self.spec.draft(live, [r.kv_len for r in live], [empty] * len(live))
 
     def run_spec_decode(self) -> None:
         r = self.spec.num_steps + 1
         # A step commits up to r tokens per request and then holds r new slots for the next one.
         if not self.make_room(r):
             return
-        reqs = list(self.running)
+        reqs = self.step_reqs = list(self.running)
         starts = [q.kv_len for q in reqs]
         rows = self.kv.rows
         rows_t, ids = self.spec.verify_ids(reqs)
@@ -56,8 +58,9 @@ class SpecDecodeMixin:
         fallback = [i for i, q in enumerate(reqs) if _needs_plain_sampling(q)]
         limits = [0 if i in fallback else q.draft_limit for i, q in enumerate(reqs)]
         keep_raw = any(q.return_logprob for q in reqs)
-        out, logits, raw, acc = self.spec.verify(fb, ids, reqs, limits, keep_raw)
-        cands = acc.to_host()  # the step's one read from the device
+        with model_step():
+            out, logits, raw, acc = self.spec.verify(fb, ids, reqs, limits, keep_raw)
+            cands = acc.to_host()  # the step's one read from the device
         if fallback:
             toks = self._sample_rows([reqs[i] for i in fallback], logits[fallback, 0])
             for i, tok in zip(fallback, toks):
@@ -80,7 +83,8 @@ class SpecDecodeMixin:
             self.spec.num_verify_tokens += n
             if not req.finished and not self.kv.reserve(req, r):  # ensured above: cannot happen
                 raise RuntimeError("KV slots for the next verify vanished after ensure()")
-        self.spec.commit(reqs, rows_t, starts, kept, ids, out.hidden)
+        with model_step():
+            self.spec.commit(reqs, rows_t, starts, kept, ids, out.hidden)
         for req in reqs:
             self.kv.release_window(req)  # after drafting: the depths re-read the window from `starts`
             if req.finished:

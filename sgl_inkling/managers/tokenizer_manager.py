@@ -63,6 +63,10 @@ class TokenizerManager:
         self._started = False
         self.num_requests = 0
         self.num_errors = 0
+        # A model step failed (scheduler_faults): /health answers 503 until generation works again.
+        self.model_fault: str | None = None
+        self.num_model_faults = 0
+        self.draining = False  # SIGTERM received (entrypoints/drain.py): refuse new requests
 
     # ---------------------------------------------------------------- plumbing
 
@@ -110,8 +114,11 @@ class TokenizerManager:
                 st.top_logprobs.extend(t.output_top_logprobs[i])
             if t.input_token_logprobs[i] is not None:
                 st.input_logprobs = t.input_token_logprobs[i]
-            if t.finished_reasons[i] is not None:
+            if t.finished_reasons[i] is not None and st.finished_reason is None:  # finish_all may have
                 st.finished_reason = t.finished_reasons[i]
+                if st.finished_reason.get("fault") == io.MODEL_STEP_FAULT:
+                    self.model_fault = st.finished_reason.get("message") or "model step failed"
+                    self.num_model_faults += 1
                 st.stop_str = t.stop_strs[i]
             st.event.set()
 
@@ -126,15 +133,27 @@ class TokenizerManager:
     async def flush_cache(self) -> io.FlushCacheResp:
         return await self._control_call(io.FlushCacheReq())
 
-    def abort_request(self, rid: str) -> None:
-        if rid in self.rid_to_state or rid == "":
-            self.send_sock.send_pyobj(io.AbortReq(rid))
+    def abort_request(self, rid: str = "", abort_all: bool = False) -> None:
+        """Stop one request, or every request with abort_all; an unknown rid is a no-op."""
+        if abort_all or rid in self.rid_to_state:
+            self.send_sock.send_pyobj(io.AbortReq(rid, abort_all=abort_all))
+
+    def finish_all(self, message: str, status: int) -> None:
+        """End every request now with an error finish (its client gets the status), and have the
+        scheduler stop them and free their slots."""
+        for st in self.rid_to_state.values():
+            if st.finished_reason is None:
+                st.finished_reason = {"type": "abort", "message": message, "status_code": status}
+                st.event.set()
+        self.abort_request(abort_all=True)
 
     # ---------------------------------------------------------------- requests
 
     async def generate_request(self, obj: io.GenerateReqInput, request=None) -> AsyncIterator[Any]:
         """Yield cumulative result dicts (see the OpenAI layer's protocol); raise RequestError if invalid."""
         self.num_requests += 1
+        if self.draining:
+            raise io.RequestError("the server is shutting down", 503)
         if obj.is_batch or self._n(obj) > 1:
             if obj.stream:
                 raise io.RequestError("streaming is not supported for batch requests or n > 1")

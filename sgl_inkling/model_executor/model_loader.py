@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 from pathlib import Path
 
 import torch
+from safetensors import safe_open
 
 from sgl_inkling.models.inkling.config import SPARSE, InklingConfig
 from sgl_inkling.models.inkling.model import InklingForCausalLM
@@ -15,9 +17,17 @@ from sgl_inkling.models.inkling.quant_config import (
     detect_quantization,
     resolve_quantization,
 )
-from sgl_inkling.models.inkling.weights import init_dummy_weights, load_safetensors, tower_modalities
+from sgl_inkling.models.inkling.weights import (
+    WeightLoadError,
+    checkpoint_files,
+    init_dummy_weights,
+    load_safetensors,
+    tower_modalities,
+)
 
+logger = logging.getLogger(__name__)
 LOAD_FORMATS = ("auto", "safetensors", "dummy")
+MTP_PREFIX = "model.mtp."
 
 
 @contextlib.contextmanager
@@ -71,6 +81,28 @@ def with_expert_quant(config: InklingConfig, method: str | None) -> InklingConfi
     return dataclasses.replace(config, text=dataclasses.replace(config.text, expert_quant=method))
 
 
+def without_missing_mtp(config: InklingConfig, model_path: str | Path, need_mtp: bool) -> InklingConfig:
+    """A config that declares MTP depths for a checkpoint without `model.mtp.*` tensors (one saved
+    by transformers' Inkling port, which never writes them) serves without MTP; asking for
+    speculative decoding on it is an error naming what is missing."""
+    if config.text.mtp is None:
+        return config
+    for f in checkpoint_files(Path(model_path)):
+        with safe_open(f, framework="pt", device="cpu") as sf:
+            if any(name.startswith(MTP_PREFIX) for name in sf.keys()):
+                return config
+    n = config.text.mtp.num_layers
+    if need_mtp:
+        raise WeightLoadError(
+            f"--speculative-algorithm MTP: the checkpoint at {model_path} has no {MTP_PREFIX}* tensors, "
+            f"though its config declares {n} MTP layer(s) (checkpoints saved by transformers' Inkling port "
+            "carry none); serve it without --speculative-algorithm"
+        )
+    logger.warning("checkpoint %s declares %d MTP layer(s) but has no %s* tensors: MTP disabled", model_path, n,
+                   MTP_PREFIX)  # fmt: skip
+    return dataclasses.replace(config, text=dataclasses.replace(config.text, mtp=None))
+
+
 def load_model(
     model_path: str | Path,
     dtype: torch.dtype = torch.float32,
@@ -79,13 +111,17 @@ def load_model(
     progress: bool = True,
     enable_multimodal: bool | None = False,
     quantization: str | None = None,
+    need_mtp: bool = False,
 ) -> InklingForCausalLM:
     """`enable_multimodal`: False builds the text model only; None (auto) builds the media towers
     the checkpoint has; True requires at least one. `quantization` (`--quantization`): None takes the
-    checkpoint's; an NVFP4 name must match it (or, with dummy weights, makes the routed experts NVFP4)."""
+    checkpoint's; an NVFP4 name must match it (or, with dummy weights, makes the routed experts NVFP4).
+    `need_mtp`: speculative decoding will run."""
     if load_format not in LOAD_FORMATS:
         raise ValueError(f"--load-format must be one of {LOAD_FORMATS}, got {load_format!r}")
     config = with_quantization(InklingConfig.from_file(model_path), model_path, quantization, load_format)
+    if load_format != "dummy":
+        config = without_missing_mtp(config, model_path, need_mtp)
     modalities = resolve_modalities(config, model_path, load_format, enable_multimodal)
     model = build_model(config, dtype, device, modalities)
     if load_format == "dummy":

@@ -10,6 +10,7 @@ from sgl_inkling.layers.attention.base import AttentionBackend
 from sgl_inkling.layers.attention.torch_native import TorchNativeBackend
 from sgl_inkling.mem_cache.memory_pool import KVLayout, KVPool, ReqToTokenPool, SConvStatePool
 from sgl_inkling.model_executor.forward_batch import ForwardBatch
+from sgl_inkling.model_executor.step_faults import FaultInjector, model_step
 from sgl_inkling.models.inkling.model import InklingForCausalLM, ModelOutput
 
 
@@ -76,6 +77,7 @@ class ModelRunner:
         self.attn_backend = ATTENTION_BACKENDS[attention_backend](
             self.req_to_token, self.full_pool, self.swa_pool
         )
+        self.faults = FaultInjector()  # test-only failure injection (off unless its env var is set)
         self.graphs = None
         if cuda_graph_max_bs > 0 and self.device.type == "cuda":
             from sgl_inkling.model_executor.cuda_graph_runner import CudaGraphRunner
@@ -93,12 +95,15 @@ class ModelRunner:
         return batch
 
     def forward(self, batch: ForwardBatch) -> ModelOutput:
-        if self.graphs is not None and self.graphs.can_run(batch):
-            return self.graphs.replay(batch)
-        return self.forward_eager(batch)
+        with model_step():
+            self.faults.tick()
+            if self.graphs is not None and self.graphs.can_run(batch):
+                return self.graphs.replay(batch)
+            return self.forward_eager(batch)
 
     def forward_eager(self, batch: ForwardBatch) -> ModelOutput:
         return self.model(self._attach(batch))
 
     def forward_mtp(self, depth: int, prev_hidden: torch.Tensor, batch: ForwardBatch) -> ModelOutput:
-        return self.model.forward_mtp(depth, prev_hidden, self._attach(batch))
+        with model_step():
+            return self.model.forward_mtp(depth, prev_hidden, self._attach(batch))

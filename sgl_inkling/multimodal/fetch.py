@@ -21,14 +21,19 @@ def _b64(text: str) -> bytes:
         raise MediaError("media data is not valid base64") from None
 
 
+def _refused_path(path: str, allowed: str | None) -> MediaError:
+    if not allowed:
+        return MediaError("local media paths are not allowed on this server (see --allowed-local-media-path)")
+    # One answer whether the file is missing or outside the directory: no oracle for what exists.
+    return MediaError(f"local media path {path!r} is not a file under --allowed-local-media-path")
+
+
 def _local(path: str, allowed: str | None) -> bytes:
     if not allowed:
-        raise MediaError("local media paths are not allowed on this server (see --allowed-local-media-path)")
+        raise _refused_path(path, allowed)
     real, root = os.path.realpath(path), os.path.realpath(allowed)
-    if os.path.commonpath([real, root]) != root:
-        raise MediaError(f"local media path {path!r} is outside --allowed-local-media-path")
-    if not os.path.isfile(real):
-        raise MediaError(f"local media file {path!r} does not exist")
+    if os.path.commonpath([real, root]) != root or not os.path.isfile(real):
+        raise _refused_path(path, allowed)
     if os.path.getsize(real) > MAX_MEDIA_BYTES:
         raise MediaError(f"media file {path!r} is too large (limit {MAX_MEDIA_BYTES} bytes)")
     with open(real, "rb") as f:
@@ -63,7 +68,9 @@ def load_bytes(source: str | bytes, allowed_local_path: str | None) -> tuple[byt
         try:
             data, subtype = base64.b64decode(source, validate=True), None
         except (binascii.Error, ValueError):
-            raise MediaError("media is not a data URL, base64 data or an existing local path") from None
+            if source.startswith(("/", "./", "../", "~")):  # meant as a path: answer as for any path
+                raise _refused_path(source, allowed_local_path) from None
+            raise MediaError("media is not a data URL, base64 data or an allowed local path") from None
     if len(data) > MAX_MEDIA_BYTES:
         raise MediaError(f"media is too large (limit {MAX_MEDIA_BYTES} bytes)")
     if not data:

@@ -18,7 +18,7 @@ def free_port() -> int:
 
 
 class ServerProcess:
-    def __init__(self, *flags: str, timeout: float = 240.0, api_key: str | None = None):
+    def __init__(self, *flags: str, timeout: float = 240.0, api_key: str | None = None, env: dict | None = None):
         self.port = free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
         self.api_key = api_key
@@ -34,7 +34,7 @@ class ServerProcess:
         cmd += list(flags)
         if api_key:
             cmd += ["--api-key", api_key]
-        env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
         self.proc = subprocess.Popen(
             cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
         )

@@ -340,3 +340,25 @@ def test_parser_registries():
     assert "inkling" in REASONING_PARSERS and "inkling" in TOOL_CALL_PARSERS
     assert "qwen3" not in REASONING_PARSERS
     assert REASONING_PARSERS["inkling"] is StreamingOutputParser
+
+
+def test_without_tools_headerless_text_is_content_from_the_first_token(tok):
+    """Issue 18 item 12: cut off by the length limit with no framing at all, text still comes out,
+    and streams as it is generated rather than at the end."""
+    words = "The capital of France is Paris, a city on the Seine."
+    ids = tok.encode(words)
+    assert parse_output(ids, tok, tool_headers=False).content == words
+    p = StreamingOutputParser(tok, tool_headers=False)
+    first = p.feed(ids[:3])
+    assert "".join(d.content or "" for d in first) == tok.decode(ids[:3])
+    p.feed(ids[3:])
+    p.finish()
+    assert p.result().content == words
+    # With tools declared the same cut-off text may be a tool name's header: held back, then dropped.
+    assert parse_output(ids, tok, tool_headers=True).content == ""
+
+
+def test_without_tools_framed_blocks_still_parse(tok):
+    ids = B(tok).think("hmm").text("answer", header=False).end().ids
+    out = parse_output(ids, tok, tool_headers=False)
+    assert out.reasoning_content == "hmm" and out.content == "answer"

@@ -91,7 +91,7 @@ def test_state_after_rejections_equals_fresh_prefill(sched, draft_path):
         sb = runner.req_to_token.read(kind, b.row, first, q)
         kb, vb = pool.buffers(spec.layer_id)
         assert torch.equal(kb[sa], kb[sb]) and torch.equal(vb[sa], vb[sb]), f"KV of layer {spec.layer_id}"
-    s.abort("")
+    s.abort("", abort_all=True)
     assert s.kv.full.available == s.kv.full.num_slots and s.kv.swa.available == s.kv.swa.num_slots
 
 
@@ -167,7 +167,7 @@ def test_rejection_sampling_keeps_the_distribution(sched):
         exp[-2] += exp.pop()
     assert chisquare(obs, exp).pvalue > 1e-3, list(zip(obs, exp))
     assert list(itertools.chain(*(r.output_ids for r in reqs)))  # nothing empty
-    s.abort("")
+    s.abort("", abort_all=True)
 
 
 def test_mtp_buffers_are_counted_in_pool_sizing(sched):

@@ -36,11 +36,13 @@ from sgl_inkling.entrypoints.openai.serving_base import (
 )
 from sgl_inkling.entrypoints.openai.serving_chat import serve_chat
 from sgl_inkling.entrypoints.openai.serving_completions import serve_completions
+from sgl_inkling.entrypoints.openapi_bodies import body_of
 from sgl_inkling.managers.io_struct import RequestError
 
 logger = logging.getLogger(__name__)
 
 Serve = Callable[[TokenizerManager, Any, Request], Awaitable[Response]]
+BODY_MODELS = [CompletionRequest, ChatCompletionRequest]  # declared in /openapi.json (openapi_bodies)
 
 
 def _model_card(tm: TokenizerManager) -> ModelCard:
@@ -74,11 +76,11 @@ def build_openai_router(get_tm: Callable[[], TokenizerManager]) -> APIRouter:
         missing = check_model(tm, model_id)
         return missing if missing is not None else JSONResponse(_model_card(tm).model_dump())
 
-    @router.post("/v1/completions")
+    @router.post("/v1/completions", openapi_extra=body_of(CompletionRequest))
     async def completions(request: Request) -> Response:
         return await handle(request, CompletionRequest, serve_completions)
 
-    @router.post("/v1/chat/completions")
+    @router.post("/v1/chat/completions", openapi_extra=body_of(ChatCompletionRequest))
     async def chat_completions(request: Request) -> Response:
         return await handle(request, ChatCompletionRequest, serve_chat)
 

@@ -79,9 +79,9 @@ def check_model(tm: TokenizerManager, model: str | None) -> JSONResponse | None:
 
 
 def abort_error(finish_reason: dict) -> RequestError:
-    """An engine abort becomes a client error; only 4xx codes pass, the rest become 400."""
+    """An engine abort becomes an error: its status when it has one (4xx refused, 5xx failed), else 400."""
     status = finish_reason.get("status_code")
-    status = status if isinstance(status, int) and 400 <= status < 500 else 400
+    status = status if isinstance(status, int) and 400 <= status < 600 else 400
     return RequestError(str(finish_reason.get("message") or "request aborted"), status)
 
 

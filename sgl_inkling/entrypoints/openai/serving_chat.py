@@ -62,6 +62,7 @@ class _Setup:
     prompt: RenderedPrompt
     separate_reasoning: bool
     parse_tool_calls: bool
+    tool_headers: bool  # tools declared: a block's header may be a tool name (held back from content)
 
     def parser(self, tm: TokenizerManager) -> StreamingOutputParser:
         return StreamingOutputParser(
@@ -69,7 +70,12 @@ class _Setup:
             separate_reasoning=self.separate_reasoning,
             parse_tool_calls=self.parse_tool_calls,
             tml_parser=self.prompt.parser,
+            tool_headers=self.tool_headers,
         )
+
+
+def _forces_call(tool_choice: Any) -> bool:
+    return tool_choice == "required" or (not isinstance(tool_choice, str) and tool_choice is not None)
 
 
 def _tools(req: ChatCompletionRequest) -> list[dict[str, Any]] | None:
@@ -138,7 +144,9 @@ def _build(tm: TokenizerManager, req: ChatCompletionRequest) -> tuple[_Setup, li
     setup = _Setup(
         prompt=prompt,
         separate_reasoning=bool(tm.reasoning_parser) and req.separate_reasoning,
-        parse_tool_calls=bool(tm.tool_call_parser) and tools is not None,
+        # A forced call (required / named) is what the client asked for: tool_calls even without a parser.
+        parse_tool_calls=tools is not None and (bool(tm.tool_call_parser) or _forces_call(req.tool_choice)),
+        tool_headers=tools is not None,
     )
     return setup, choices
 
