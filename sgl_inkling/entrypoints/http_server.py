@@ -103,7 +103,7 @@ def create_app(tm: TokenizerManager, backend, server_args) -> FastAPI:
     async def model_info():
         return {
             "model_path": backend.info.get("model_path"),
-            "tokenizer_path": server_args.tokenizer_path,
+            "tokenizer_path": backend.info.get("tokenizer_path", server_args.tokenizer_path),
             "served_model_name": tm.model_name,
             "is_generation": True,
             "context_length": tm.context_len,

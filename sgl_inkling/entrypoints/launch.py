@@ -7,6 +7,7 @@ import sys
 
 import uvicorn
 
+from sgl_inkling.chat.hf_tokenizer import ensure_hf_tokenizer
 from sgl_inkling.distributed.launch import serve_ranks_only
 from sgl_inkling.entrypoints.http_server import create_app
 from sgl_inkling.entrypoints.subprocesses import start_backend
@@ -33,6 +34,8 @@ def launch_server(server_args) -> None:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(1)
     backend.info["model_path"] = str(model_path)
+    # SGLang's tools load the tokenizer /get_model_info names; checkpoints carry none, so write one.
+    backend.info["tokenizer_path"] = server_args.tokenizer_path or str(ensure_hf_tokenizer())
     tm = TokenizerManager(server_args, backend.info, backend.addrs["scheduler"], backend.addrs["tokenizer"])
     app = create_app(tm, backend, server_args)
     config = uvicorn.Config(
