@@ -11,15 +11,16 @@ from contextlib import asynccontextmanager
 import orjson
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from pydantic import ValidationError
 
 from sgl_inkling.entrypoints.metrics import render_metrics, replica_loads
-from sgl_inkling.entrypoints.native_fields import strip_accepted_fields
+from sgl_inkling.entrypoints.native_protocol import GenerateRequest
 from sgl_inkling.entrypoints.openai.router import build_openai_router
+from sgl_inkling.entrypoints.request_schema import declare_request_bodies, request_body, validation_text
 from sgl_inkling.managers.io_struct import GenerateReqInput, RequestError
 from sgl_inkling.managers.tokenizer_manager import TokenizerManager
 
 logger = logging.getLogger(__name__)
-_GENERATE_FIELDS = {f.name for f in dataclasses.fields(GenerateReqInput)}
 _OPEN_PATHS = {"/health", "/metrics"}
 
 
@@ -146,13 +147,12 @@ def create_app(tm: TokenizerManager, backend, server_args) -> FastAPI:
         state = await tm.get_internal_state()
         return PlainTextResponse(render_metrics(tm, state), media_type="text/plain; version=0.0.4")
 
-    @app.api_route("/generate", methods=["POST", "PUT"])
+    @app.api_route("/generate", methods=["POST", "PUT"], openapi_extra=request_body(GenerateRequest))
     async def generate(request: Request):
-        data = strip_accepted_fields(await read_json(request))
-        unknown = set(data) - _GENERATE_FIELDS
-        if unknown:
-            raise RequestError(f"unknown field(s) in /generate body: {sorted(unknown)}")
-        obj = GenerateReqInput(**data)
+        try:
+            obj = GenerateRequest.model_validate(await read_json(request)).to_input()
+        except ValidationError as e:
+            raise RequestError(validation_text(e)) from None
         if obj.stream:
             gen = tm.generate_request(obj, request)
             first = await anext(gen)  # raise validation errors as a 4xx before streaming starts
@@ -167,6 +167,7 @@ def create_app(tm: TokenizerManager, backend, server_args) -> FastAPI:
         async for out in tm.generate_request(obj, request):
             return Response(orjson.dumps(out), media_type="application/json")
 
+    declare_request_bodies(app, [GenerateRequest])
     return app
 
 
