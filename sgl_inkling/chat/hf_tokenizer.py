@@ -4,6 +4,8 @@ Checkpoints carry no tokenizer files, but SGLang's own tools (bench_serving, sgl
 `transformers.AutoTokenizer` need a loadable directory. It is converted once from the vocabulary
 tml-renderers ships (so nothing is downloaded), written to the runtime's cache, keyed by a digest of
 that vocabulary and its special tokens, and checked against the runtime tokenizer before use.
+sglang-router loads a worker's tokenizer from its model path, so the files are also linked into a
+writable checkpoint directory that has none.
 """
 
 from __future__ import annotations
@@ -133,3 +135,24 @@ def ensure_hf_tokenizer(root: Path | None = None) -> Path:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return target
+
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+
+
+def tokenizer_dir_for(model_dir: Path, root: Path | None = None) -> Path:
+    """Where the served model's tokenizer is: the checkpoint's own files, else the converted ones,
+    linked into the checkpoint directory when it is writable (else the cache directory itself)."""
+    if (model_dir / "tokenizer.json").is_file():
+        return model_dir
+    cached = ensure_hf_tokenizer(root)
+    try:
+        for name in TOKENIZER_FILES:
+            tmp = model_dir / f".{name}.{os.getpid()}.tmp"
+            tmp.unlink(missing_ok=True)
+            os.symlink(cached / name, tmp)
+            os.replace(tmp, model_dir / name)  # also replaces a link left dangling by a cleared cache
+    except OSError as e:
+        logger.info("Cannot link the tokenizer into %s (%s); it stays in %s", model_dir, e, cached)
+        return cached
+    return model_dir

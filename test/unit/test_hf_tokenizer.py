@@ -3,12 +3,13 @@
 
 from __future__ import annotations
 
+import os
 import random
 
 import pytest
 from transformers import AutoTokenizer
 
-from sgl_inkling.chat.hf_tokenizer import ensure_hf_tokenizer
+from sgl_inkling.chat.hf_tokenizer import ensure_hf_tokenizer, tokenizer_dir_for
 from sgl_inkling.chat.tokenizer import get_tokenizer
 
 
@@ -61,3 +62,24 @@ def test_written_once_and_reused(written):
     assert ensure_hf_tokenizer(root) == path
     assert (path / "tokenizer.json").stat().st_mtime_ns == before
     assert [p.name for p in (root / "tokenizers").iterdir()] == [path.name]  # no temporary left behind
+
+
+def test_linked_into_a_checkpoint_without_one(written, tmp_path, monkeypatch):
+    root, cached = written
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    assert tokenizer_dir_for(ckpt, root) == ckpt
+    assert (ckpt / "tokenizer.json").resolve() == (cached / "tokenizer.json").resolve()
+    assert (ckpt / "tokenizer_config.json").is_file()
+    own = tmp_path / "own"
+    own.mkdir()
+    (own / "tokenizer.json").write_text("{}")
+    assert tokenizer_dir_for(own, root) == own  # a checkpoint's own tokenizer is left alone
+
+    def refuse(*_):
+        raise PermissionError("read-only file system")
+
+    monkeypatch.setattr(os, "symlink", refuse)  # a read-only checkpoint: the cached directory is the answer
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    assert tokenizer_dir_for(ro, root) == cached and not list(ro.iterdir())
