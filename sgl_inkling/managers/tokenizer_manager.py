@@ -333,6 +333,11 @@ class TokenizerManager:
             cut = text.find(st.stop_str)
             if cut >= 0:
                 text = text[: cut + len(st.stop_str)] if st.no_stop_trim else text[:cut]
+        elif not st.no_stop_trim and isinstance((st.finished_reason or {}).get("matched"), int):
+            # A matched stop token's text is not part of the answer either (its id stays in output_ids).
+            spelled = self.tokenizer.decode([st.finished_reason["matched"]])
+            if spelled and text.endswith(spelled):
+                text = text[: -len(spelled)]
         meta: dict[str, Any] = {
             "id": rid,
             "prompt_tokens": st.prompt_tokens,

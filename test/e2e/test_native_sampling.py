@@ -108,3 +108,13 @@ def test_openapi_declares_the_generate_body(server):
     assert "mm_items" not in model["properties"] and model["additionalProperties"] is False
     assert {"stop_regex", "structural_tag", "stream_interval", "n"} <= set(schemas["NativeSamplingParams"]["properties"])
     server.wait_idle_baseline()
+
+
+def test_a_matched_stop_token_is_trimmed_from_the_text(server, hf, free_text):
+    stop_at = free_text["output_ids"][4]
+    for no_trim in (False, True):
+        sp = {**GREEDY, "stop_token_ids": [stop_at], "no_stop_trim": no_trim}
+        out = server.generate(input_ids=PROMPT, sampling_params=sp)
+        ids = out["output_ids"]
+        assert ids[-1] == stop_at and out["meta_info"]["finish_reason"] == {"type": "stop", "matched": stop_at}
+        assert out["text"] == hf.decode(ids if no_trim else ids[:-1])  # upstream decodes the ids less the stop
