@@ -122,9 +122,9 @@ class GenerateRequest(BaseModel):
     input_ids: InputIds | None = None
     sampling_params: one_or_many(NativeSamplingParams) | None = None
     rid: one_or_many(StrictStr) | None = None
-    return_logprob: one_or_many(StrictBool) | None = None
-    logprob_start_len: one_or_many(StartLen) | None = None
-    top_logprobs_num: one_or_many(TopLogprobs) | None = None
+    return_logprob: one_or_many(StrictBool | None) | None = None  # a batch's nulls: the default too
+    logprob_start_len: one_or_many(StartLen | None) | None = None
+    top_logprobs_num: one_or_many(TopLogprobs | None) | None = None
     return_text_in_logprobs: StrictBool | None = None
     stream: StrictBool | None = None
     image_data: Any = None

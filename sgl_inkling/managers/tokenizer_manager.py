@@ -172,6 +172,9 @@ class TokenizerManager:
                 copy_.sampling_params = {k: v for k, v in (item.sampling_params or {}).items() if k != "n"}
                 copy_.rid = None if n > 1 else item.rid
                 out.append(copy_)
+        if isinstance(obj.rid, str):  # one rid for many requests is their prefix (as SGLang)
+            for k, copy_ in enumerate(out):
+                copy_.rid = f"{obj.rid}_{k}"
         return out
 
     def _tokenize(self, obj: io.GenerateReqInput) -> tuple[io.TokenizedGenerateReq, io.GenerateReqInput]:

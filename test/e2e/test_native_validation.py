@@ -92,8 +92,9 @@ def test_n_samples_one_prompt(server, long_request):
     two = server.generate(input_ids=ids, sampling_params={**GREEDY, "n": 2})
     assert [o["output_ids"] for o in two] == [one["output_ids"]] * 2
     assert all(o["meta_info"]["prompt_tokens"] == len(ids) for o in two)
-    batch = server.generate(text=["a", text], sampling_params=[GREEDY, {**GREEDY, "n": 2}])
+    batch = server.generate(text=["a", text], sampling_params=[GREEDY, {**GREEDY, "n": 2}], rid="job")
     assert len(batch) == 3 and batch[1]["output_ids"] == batch[2]["output_ids"] == single["output_ids"]
+    assert [o["meta_info"]["id"] for o in batch] == ["job_0", "job_1", "job_2"]  # a rid prefixes a batch's
 
 
 def test_in_flight_request_unharmed_and_pools_idle(server, long_request):
