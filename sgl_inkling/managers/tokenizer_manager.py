@@ -30,6 +30,7 @@ class ReqState:
     text_in_logprobs: bool
     no_stop_trim: bool = False
     stream_interval: int = 1
+    stop_strs: tuple[str, ...] = ()
     created: float = dataclasses.field(default_factory=time.monotonic)
     text: str = ""
     output_ids: list[int] = dataclasses.field(default_factory=list)
@@ -274,6 +275,7 @@ class TokenizerManager:
             text_in_logprobs=obj.return_text_in_logprobs,
             no_stop_trim=sp.no_stop_trim,
             stream_interval=sp.stream_interval or getattr(self.server_args, "stream_interval", 1) or 1,
+            stop_strs=tuple(s for s in sp.stop_strs if s),
         )
         self.rid_to_state[tok.rid] = st
         self.send_sock.send_pyobj(tok)
@@ -317,7 +319,10 @@ class TokenizerManager:
                 if st.finished_reason is None and sent and len(st.output_ids) - sent < st.stream_interval:
                     continue
                 sent = len(st.output_ids)
-                yield self._result(tok.rid, st)
+                out = self._result(tok.rid, st)
+                if st.finished_reason is None and st.stop_strs:
+                    out["text"] = out["text"][: _safe_len(out["text"], st.stop_strs)]
+                yield out
                 if st.finished_reason is not None:
                     return
         finally:
@@ -364,3 +369,15 @@ class TokenizerManager:
     def _lp(self, value, token_id: int, st: ReqState) -> tuple:
         text = self.tokenizer.decode([token_id]) if st.text_in_logprobs else None
         return (value, token_id, text)
+
+
+def _safe_len(text: str, stops: tuple[str, ...]) -> int:
+    """How much of an unfinished stream's text may be sent: not a tail that could still grow into a
+    stop string (the final text is cut before it, so what was streamed must not contain it)."""
+    keep = len(text)
+    for stop in stops:
+        for k in range(min(len(stop) - 1, len(text)), 0, -1):
+            if text.endswith(stop[:k]):
+                keep = min(keep, len(text) - k)
+                break
+    return keep

@@ -118,3 +118,14 @@ def test_a_matched_stop_token_is_trimmed_from_the_text(server, hf, free_text):
         ids = out["output_ids"]
         assert ids[-1] == stop_at and out["meta_info"]["finish_reason"] == {"type": "stop", "matched": stop_at}
         assert out["text"] == hf.decode(ids if no_trim else ids[:-1])  # upstream decodes the ids less the stop
+
+
+def test_streamed_text_never_shows_a_stop_string(server, free_text):
+    text = free_text["text"]
+    stop = text[6:14]  # spans several tokens: its start is streamed before the whole of it is known
+    sp = {**GREEDY, "stop": stop}
+    whole = server.generate(input_ids=PROMPT, sampling_params=sp)
+    chunks = _stream(server, {"input_ids": PROMPT, "sampling_params": {**sp, "stream_interval": 1}})
+    texts = [c["text"] for c in chunks]
+    assert texts[-1] == whole["text"] == text[: text.find(stop)]
+    assert all(b.startswith(a) for a, b in zip(texts, texts[1:])), texts  # cumulative, never taken back
