@@ -29,24 +29,28 @@ from sgl_inkling.constrained.tmlv0 import (
 
 
 def payload_format(
-    json_schema: Any = None, regex: Any = None, ebnf: Any = None
+    json_schema: Any = None, regex: Any = None, ebnf: Any = None, structural_tag: Any = None
 ) -> tuple[f.Format, str] | None:
     """The validated payload constraint and its kind, or None when the request has none."""
-    given = [k for k, v in (("json_schema", json_schema), ("regex", regex), ("ebnf", ebnf)) if v is not None]
+    kinds = (("json_schema", json_schema), ("regex", regex), ("ebnf", ebnf), ("structural_tag", structural_tag))
+    given = [k for k, v in kinds if v is not None]
     if len(given) > 1:
-        raise GrammarError(f"only one of json_schema, regex, ebnf may be set (got {', '.join(given)})")
+        raise GrammarError(f"only one of json_schema, regex, ebnf, structural_tag may be set (got {', '.join(given)})")
     if json_schema is not None:
         return f.json_schema(validate.json_schema(json_schema), PAYLOAD_JSON_SEPARATORS), "json_schema"
     if regex is not None:
         return f.regex(validate.regex(regex)), "regex"
     if ebnf is not None:
         return f.ebnf(validate.ebnf(ebnf)), "ebnf"
+    if structural_tag is not None:
+        return validate.structural_tag(structural_tag), "structural_tag"
     return None
 
 
 def native_grammar(tokenizer: Any, sampling_params: Any, input_ids: Sequence[int]) -> GrammarSpec | None:
     """The grammar of a native request (see the module docs for the framing rule)."""
-    payload = payload_format(sampling_params.json_schema, sampling_params.regex, sampling_params.ebnf)
+    sp = sampling_params
+    payload = payload_format(sp.json_schema, sp.regex, sp.ebnf, getattr(sp, "structural_tag", None))
     if payload is None:
         return None
     fmt, kind = payload

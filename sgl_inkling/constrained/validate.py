@@ -72,6 +72,38 @@ def ebnf(source: Any) -> str:
     return source
 
 
+def structural_tag(source: Any) -> dict:
+    """An xgrammar structural tag (JSON text) as its format: the current form (`format`) or SGLang's
+    older one (`structures` with begin/schema/end, and `triggers`), which is lowered to the former."""
+    try:
+        tag = json.loads(source) if isinstance(source, str) else None
+    except ValueError as e:
+        raise GrammarError(f"structural_tag is not valid JSON: {e}") from None
+    if not isinstance(tag, dict):
+        raise GrammarError("structural_tag must be a JSON object")
+    if "format" in tag:
+        fmt = tag["format"]
+    elif "structures" in tag:
+        structures, triggers = tag.get("structures"), tag.get("triggers")
+        if not isinstance(structures, list) or not isinstance(triggers, list) or not all(
+            isinstance(s, dict) and {"begin", "schema", "end"} <= set(s) for s in structures
+        ):
+            raise GrammarError("structural_tag: 'structures' must be a list of {begin, schema, end} with 'triggers'")
+        tags = [
+            {"begin": s["begin"], "content": {"type": "json_schema", "json_schema": json_schema(s["schema"])},
+             "end": s["end"]}
+            for s in structures
+        ]  # fmt: skip
+        fmt = {"type": "triggered_tags", "triggers": triggers, "tags": tags}
+    else:
+        raise GrammarError("structural_tag needs a 'format' (or SGLang's older 'structures' and 'triggers')")
+    try:
+        xgr.Grammar.from_structural_tag(json.dumps({"type": "structural_tag", "format": fmt}))
+    except Exception as e:
+        raise GrammarError(f"invalid structural_tag: {_clean(e)}") from None
+    return fmt
+
+
 def tool_parameters(name: str, parameters: Any) -> dict[str, Any]:
     """A tool's arguments schema; TMLv0 carries arguments as a JSON object, so it must describe one."""
     what = f"tool {name!r} parameters"

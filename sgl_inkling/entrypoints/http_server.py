@@ -14,15 +14,14 @@ from pydantic import BaseModel, ConfigDict, StrictBool, StrictStr, ValidationErr
 
 from sgl_inkling.entrypoints.guard import GuardMiddleware
 from sgl_inkling.entrypoints.metrics import render_metrics, replica_loads
-from sgl_inkling.entrypoints.native_fields import strip_accepted_fields
 from sgl_inkling.entrypoints.native_output import engine_error, sse_events
+from sgl_inkling.entrypoints.native_protocol import GenerateRequest
 from sgl_inkling.entrypoints.openai.router import BODY_MODELS, build_openai_router
-from sgl_inkling.entrypoints.openapi_bodies import body_of, install
+from sgl_inkling.entrypoints.request_schema import declare_request_bodies, request_body, validation_text
 from sgl_inkling.managers.io_struct import GenerateReqInput, RequestError
 from sgl_inkling.managers.tokenizer_manager import TokenizerManager
 
 logger = logging.getLogger(__name__)
-_GENERATE_FIELDS = {f.name for f in dataclasses.fields(GenerateReqInput)}
 
 
 class AbortRequestBody(BaseModel):
@@ -67,7 +66,7 @@ def create_app(tm: TokenizerManager, backend, server_args) -> FastAPI:
     app.state.tm = tm
     app.include_router(build_openai_router(lambda: tm))
 
-    install(app, [*BODY_MODELS, AbortRequestBody])
+    declare_request_bodies(app, [*BODY_MODELS, AbortRequestBody, GenerateRequest])
     app.add_middleware(
         GuardMiddleware, api_key=server_args.api_key, max_bytes=server_args.max_payload_bytes, error=error
     )
@@ -114,7 +113,7 @@ def create_app(tm: TokenizerManager, backend, server_args) -> FastAPI:
     async def model_info():
         return {
             "model_path": backend.info.get("model_path"),
-            "tokenizer_path": server_args.tokenizer_path,
+            "tokenizer_path": backend.info.get("tokenizer_path", server_args.tokenizer_path),
             "served_model_name": tm.model_name,
             "is_generation": True,
             "context_length": tm.context_len,
@@ -144,7 +143,7 @@ def create_app(tm: TokenizerManager, backend, server_args) -> FastAPI:
         resp = await tm.flush_cache()
         return PlainTextResponse("Cache flushed.\n" if resp.success else resp.message, status_code=200)
 
-    @app.post("/abort_request", response_class=Response, openapi_extra=body_of(AbortRequestBody))
+    @app.post("/abort_request", response_class=Response, openapi_extra=request_body(AbortRequestBody))
     async def abort_request(request: Request):
         try:
             body = AbortRequestBody.model_validate(await read_json(request))
@@ -159,13 +158,12 @@ def create_app(tm: TokenizerManager, backend, server_args) -> FastAPI:
         state = await tm.get_internal_state()
         return PlainTextResponse(render_metrics(tm, state), media_type="text/plain; version=0.0.4")
 
-    @app.api_route("/generate", methods=["POST", "PUT"])
+    @app.api_route("/generate", methods=["POST", "PUT"], openapi_extra=request_body(GenerateRequest))
     async def generate(request: Request):
-        data = strip_accepted_fields(await read_json(request))
-        unknown = set(data) - _GENERATE_FIELDS
-        if unknown:
-            raise RequestError(f"unknown field(s) in /generate body: {sorted(unknown)}")
-        obj = GenerateReqInput(**data)
+        try:
+            obj = GenerateRequest.model_validate(await read_json(request)).to_input()
+        except ValidationError as e:
+            raise RequestError(validation_text(e)) from None
         if obj.stream:
             gen = tm.generate_request(obj, request)
             first = await anext(gen)  # raise validation errors as a 4xx before streaming starts

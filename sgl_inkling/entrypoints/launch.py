@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import logging
 import sys
+from pathlib import Path
 
 import uvicorn
 
+from sgl_inkling.chat.hf_tokenizer import tokenizer_dir_for
 from sgl_inkling.distributed.launch import serve_ranks_only
 from sgl_inkling.entrypoints.drain import DrainingServer
 from sgl_inkling.entrypoints.http_server import create_app
@@ -36,6 +38,8 @@ def launch_server(server_args) -> None:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(1)
     backend.info["model_path"] = str(model_path)
+    # SGLang's tools load the tokenizer /get_model_info names; checkpoints carry none, so write one.
+    backend.info["tokenizer_path"] = server_args.tokenizer_path or str(tokenizer_dir_for(Path(model_path)))
     tm = TokenizerManager(server_args, backend.info, backend.addrs["scheduler"], backend.addrs["tokenizer"])
     app = create_app(tm, backend, server_args)
     config = uvicorn.Config(

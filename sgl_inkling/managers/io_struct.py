@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
@@ -54,6 +55,8 @@ class GenerateReqInput:
         def pick(x, default=None):
             return x[i] if isinstance(x, list) else (default if x is None else x)
 
+        if not self.is_batch:  # n > 1 of one prompt: the prompt itself, never its i-th character/id
+            return dataclasses.replace(self, sampling_params=self.sampling_params or {})
         return GenerateReqInput(
             text=self.text[i] if self.text is not None else None,
             input_ids=self.input_ids[i] if self.input_ids is not None else None,

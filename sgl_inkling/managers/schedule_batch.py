@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+import functools
+import re
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
 from sgl_inkling.managers.io_struct import TokenizedGenerateReq
+
+try:
+    import re._parser as re_parser
+except ImportError:  # Python 3.10
+    import sre_parse as re_parser
 
 
 @dataclass(eq=False)  # identity semantics: requests are hashed and compared by object
@@ -105,13 +112,43 @@ class Req:
             self.finished_reason = {"type": "stop", "matched": last}
         elif len(self.output_ids) >= sp.max_new_tokens:
             self.finished_reason = {"type": "length", "length": sp.max_new_tokens}
-        elif sp.stop:
-            stops = [sp.stop] if isinstance(sp.stop, str) else list(sp.stop)
-            tail_len = max(len(s) for s in stops) + 8
+        else:
+            self._check_stop_text(tokenizer)
+
+    def _check_stop_text(self, tokenizer) -> None:
+        """Stop strings, then stop patterns, over the decoded tail of the output (as SGLang).
+
+        `stop_str` is what the tokenizer manager cuts the text at, at its first occurrence: the stop
+        string, or, as SGLang reports it, a pattern's own source (so a match stays in the text unless
+        the pattern is literal text that occurs in it).
+        """
+        sp = self.sampling_params
+        stops = [s for s in sp.stop_strs if s]
+        if stops:
             # A stop string spans at most its length in tokens; decode that tail only.
-            tail = tokenizer.decode(self.output_ids[-tail_len:])
+            tail = tokenizer.decode(self.output_ids[-(max(len(s) for s in stops) + 8) :])
             for s in stops:
-                if s and s in tail:
+                if s in tail:
                     self.finished_reason = {"type": "stop", "matched": s}
                     self.stop_str = s
-                    break
+                    return
+        patterns = sp.stop_regexes
+        if patterns:
+            tail = tokenizer.decode(self.output_ids[-stop_regex_tail(patterns) :])
+            for pattern in patterns:
+                if re.search(pattern, tail):
+                    self.finished_reason = {"type": "stop", "matched": pattern}
+                    self.stop_str = pattern
+                    return
+
+
+@functools.lru_cache(maxsize=1024)
+def _regex_width(pattern: str) -> int:
+    return re_parser.parse(pattern).getwidth()[1]
+
+
+def stop_regex_tail(patterns: list[str]) -> int:
+    """Output tokens to decode so that any match of the patterns ending at the last token is seen:
+    a character takes at most 4 tokens (one per UTF-8 byte); an unbounded pattern needs everything."""
+    width = max(_regex_width(p) for p in patterns)
+    return 0 if width > 1 << 20 else 4 * width + 8  # [-0:] is the whole output

@@ -18,7 +18,7 @@ from sgl_inkling.constrained import GrammarError, GrammarSpec, native_grammar
 from sgl_inkling.managers import io_struct as io
 from sgl_inkling.managers.data_parallel_controller import check_dp_rank
 from sgl_inkling.multimodal.processor import media_processor
-from sgl_inkling.sampling.sampling_params import SamplingParams, SamplingParamsError
+from sgl_inkling.sampling.sampling_params import MAX_N, MAX_TOP_LOGPROBS, SamplingParams, SamplingParamsError
 
 logger = logging.getLogger(__name__)
 
@@ -28,6 +28,9 @@ class ReqState:
     prompt_tokens: int
     return_logprob: bool
     text_in_logprobs: bool
+    no_stop_trim: bool = False
+    stream_interval: int = 1
+    stop_strs: tuple[str, ...] = ()
     created: float = dataclasses.field(default_factory=time.monotonic)
     text: str = ""
     output_ids: list[int] = dataclasses.field(default_factory=list)
@@ -170,8 +173,14 @@ class TokenizerManager:
             yield out
 
     def _n(self, obj: io.GenerateReqInput) -> int:
+        """Parallel samples asked for (the HTTP layer has validated it; the Engine's callers are
+        checked here, never coerced)."""
         sp = obj.sampling_params
-        return int(sp.get("n", 1)) if isinstance(sp, dict) and isinstance(sp.get("n", 1), int) else 1
+        n = sp.get("n", 1) if isinstance(sp, dict) else 1
+        n = 1 if n is None else n
+        if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_N:
+            raise io.RequestError(f"sampling_params.n must be an integer in [1, {MAX_N}], got {n!r}")
+        return n
 
     def _expand(self, obj: io.GenerateReqInput) -> list[io.GenerateReqInput]:
         out = []
@@ -183,6 +192,9 @@ class TokenizerManager:
                 copy_.sampling_params = {k: v for k, v in (item.sampling_params or {}).items() if k != "n"}
                 copy_.rid = None if n > 1 else item.rid
                 out.append(copy_)
+        if isinstance(obj.rid, str):  # one rid for many requests is their prefix (as SGLang)
+            for k, copy_ in enumerate(out):
+                copy_.rid = f"{obj.rid}_{k}"
         return out
 
     def _tokenize(self, obj: io.GenerateReqInput) -> tuple[io.TokenizedGenerateReq, io.GenerateReqInput]:
@@ -216,7 +228,7 @@ class TokenizerManager:
             raise io.RequestError("'sampling_params' must be an object")
         try:
             sp = SamplingParams.from_dict({k: v for k, v in sp_dict.items() if k != "n"})
-            sp.validate(self.context_len - len(input_ids))
+            sp.validate(self.context_len - len(input_ids), vocab_size=self.vocab_size)
         except SamplingParamsError as e:
             raise io.RequestError(str(e)) from None
         grammar = self._grammar(obj, sp, input_ids)
@@ -231,8 +243,8 @@ class TokenizerManager:
             if not isinstance(getattr(obj, name), bool):
                 raise io.RequestError(f"'{name}' must be a boolean")
         top_n, start = obj.top_logprobs_num, obj.logprob_start_len
-        if not isinstance(top_n, int) or top_n < 0:
-            raise io.RequestError("'top_logprobs_num' must be a non-negative integer")
+        if isinstance(top_n, bool) or not isinstance(top_n, int) or not 0 <= top_n <= MAX_TOP_LOGPROBS:
+            raise io.RequestError(f"'top_logprobs_num' must be an integer in [0, {MAX_TOP_LOGPROBS}]")
         if not isinstance(start, int) or start >= len(input_ids):
             raise io.RequestError(
                 f"'logprob_start_len' must be an integer below the prompt length {len(input_ids)}"
@@ -275,10 +287,14 @@ class TokenizerManager:
         return grammar
 
     def _register(self, tok: io.TokenizedGenerateReq, obj: io.GenerateReqInput) -> ReqState:
+        sp = tok.sampling_params
         st = ReqState(
             prompt_tokens=len(tok.input_ids),
             return_logprob=tok.return_logprob,
             text_in_logprobs=obj.return_text_in_logprobs,
+            no_stop_trim=sp.no_stop_trim,
+            stream_interval=sp.stream_interval or getattr(self.server_args, "stream_interval", 1) or 1,
+            stop_strs=tuple(s for s in sp.stop_strs if s),
         )
         self.rid_to_state[tok.rid] = st
         self.send_sock.send_pyobj(tok)
@@ -314,10 +330,18 @@ class TokenizerManager:
 
     async def _stream_one(self, tok, obj, request) -> AsyncIterator[dict]:
         st = self._register(tok, obj)
+        sent = 0  # output tokens already streamed
         try:
             while True:
                 await self._wait(tok.rid, st, request)
-                yield self._result(tok.rid, st)
+                # A chunk every stream_interval tokens (the first token at once), and the finish.
+                if st.finished_reason is None and sent and len(st.output_ids) - sent < st.stream_interval:
+                    continue
+                sent = len(st.output_ids)
+                out = self._result(tok.rid, st)
+                if st.finished_reason is None and st.stop_strs:
+                    out["text"] = out["text"][: _safe_len(out["text"], st.stop_strs)]
+                yield out
                 if st.finished_reason is not None:
                     return
         finally:
@@ -331,10 +355,16 @@ class TokenizerManager:
     def _result(self, rid: str, st: ReqState) -> dict:
         text = st.text
         if st.stop_str and st.finished_reason is not None:
-            # Stop strings are not part of the answer (SGLang's default).
-            cut = text.rfind(st.stop_str)
+            # As SGLang: cut at the first occurrence of the matched stop, before it by default, after
+            # it with no_stop_trim (text decoded past the stop in the same step is dropped either way).
+            cut = text.find(st.stop_str)
             if cut >= 0:
-                text = text[:cut]
+                text = text[: cut + len(st.stop_str)] if st.no_stop_trim else text[:cut]
+        elif not st.no_stop_trim and isinstance((st.finished_reason or {}).get("matched"), int):
+            # A matched stop token's text is not part of the answer either (its id stays in output_ids).
+            spelled = self.tokenizer.decode([st.finished_reason["matched"]])
+            if spelled and text.endswith(spelled):
+                text = text[: -len(spelled)]
         meta: dict[str, Any] = {
             "id": rid,
             "prompt_tokens": st.prompt_tokens,
@@ -358,3 +388,15 @@ class TokenizerManager:
     def _lp(self, value, token_id: int, st: ReqState) -> tuple:
         text = self.tokenizer.decode([token_id]) if st.text_in_logprobs else None
         return (value, token_id, text)
+
+
+def _safe_len(text: str, stops: tuple[str, ...]) -> int:
+    """How much of an unfinished stream's text may be sent: not a tail that could still grow into a
+    stop string (the final text is cut before it, so what was streamed must not contain it)."""
+    keep = len(text)
+    for stop in stops:
+        for k in range(min(len(stop) - 1, len(text)), 0, -1):
+            if text.endswith(stop[:k]):
+                keep = min(keep, len(text) - k)
+                break
+    return keep

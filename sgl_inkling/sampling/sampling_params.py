@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -17,6 +18,11 @@ from typing import Any
 GREEDY_TEMPERATURE_EPS = 1e-6
 # OpenAI documents logit_bias values in [-100, 100].
 LOGIT_BIAS_LIMIT = 100.0
+# Parallel samples of one native prompt: each is a full request in the scheduler, so this bounds the
+# work one body can ask for (n = 2**70 once froze the HTTP process).
+MAX_N = 128
+# Top logprobs per position on the native API (10**6 once made a 26 MB answer for 4 tokens).
+MAX_TOP_LOGPROBS = 20
 
 
 class SamplingParamsError(ValueError):
@@ -41,6 +47,8 @@ class SamplingParams:
     presence_penalty: float = 0.0
     stop: str | list[str] | None = None
     stop_token_ids: list[int] | None = None
+    # Python regular expressions searched in the output's tail; the match stays in the text (SGLang).
+    stop_regex: str | list[str] | None = None
     ignore_eos: bool = False
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
@@ -53,6 +61,11 @@ class SamplingParams:
     json_schema: str | None = None
     regex: str | None = None
     ebnf: str | None = None
+    structural_tag: str | None = None  # xgrammar structural tag (JSON text)
+    # Stream a chunk every this many tokens (None: the server's --stream-interval).
+    stream_interval: int | None = None
+    # For custom logit processors in SGLang; this server has none, so they are carried unused.
+    custom_params: dict | None = None
 
     # ------------------------------------------------------------------ construction
 
@@ -160,6 +173,12 @@ class SamplingParams:
         return [self.stop] if isinstance(self.stop, str) else list(self.stop)
 
     @property
+    def stop_regexes(self) -> list[str]:
+        if self.stop_regex is None:
+            return []
+        return [self.stop_regex] if isinstance(self.stop_regex, str) else list(self.stop_regex)
+
+    @property
     def logit_bias_ids(self) -> dict[int, float]:
         """logit_bias with integer keys (validate() guarantees they parse)."""
         return {int(k): float(v) for k, v in (self.logit_bias or {}).items()}
@@ -179,7 +198,7 @@ class SamplingParams:
 
     # ------------------------------------------------------------------ validation
 
-    def validate(self, context_length: int | None = None) -> SamplingParams:
+    def validate(self, context_length: int | None = None, vocab_size: int | None = None) -> SamplingParams:
         """Raise SamplingParamsError naming the first bad field; returns self for chaining."""
         temperature = _number(self.temperature, "temperature")
         if not math.isfinite(temperature) or temperature < 0:
@@ -228,6 +247,19 @@ class SamplingParams:
             for s in self.stop:
                 if not isinstance(s, str):
                     raise SamplingParamsError("stop", f"every stop sequence must be a string, got {s!r}")
+        if self.stop_regex is not None and not isinstance(self.stop_regex, str | list | tuple):
+            raise SamplingParamsError("stop_regex", "must be a pattern or a list of patterns")
+        for pattern in self.stop_regexes:
+            if not isinstance(pattern, str) or not pattern:
+                raise SamplingParamsError("stop_regex", "must be a non-empty pattern or a list of them")
+            try:
+                re.compile(pattern)
+            except (re.error, RecursionError, OverflowError) as e:
+                raise SamplingParamsError("stop_regex", f"invalid pattern {pattern!r}: {e}") from None
+        if self.stream_interval is not None and _integer(self.stream_interval, "stream_interval") < 1:
+            raise SamplingParamsError("stream_interval", f"must be >= 1, got {self.stream_interval}")
+        if self.custom_params is not None and not isinstance(self.custom_params, Mapping):
+            raise SamplingParamsError("custom_params", "must be an object")
         if self.stop_token_ids is not None:
             if not isinstance(self.stop_token_ids, list | tuple | set):
                 raise SamplingParamsError("stop_token_ids", "must be a list of token ids")
@@ -248,19 +280,25 @@ class SamplingParams:
                     raise SamplingParamsError("logit_bias", f"key {k!r} is not a token id") from None
                 if tok < 0 or (isinstance(k, float) and k != tok):
                     raise SamplingParamsError("logit_bias", f"key {k!r} is not a token id")
+                if vocab_size is not None and tok >= vocab_size:
+                    raise SamplingParamsError(
+                        "logit_bias", f"token id {tok} is outside the vocabulary [0, {vocab_size})"
+                    )
                 bias = _number(v, "logit_bias")
                 if not -LOGIT_BIAS_LIMIT <= bias <= LOGIT_BIAS_LIMIT:
                     raise SamplingParamsError(
                         "logit_bias", f"bias for token {k} must be in [-100, 100], got {v}"
                     )
 
-        grammars = [name for name in ("json_schema", "regex", "ebnf") if getattr(self, name) is not None]
+        grammars = [
+            name for name in ("json_schema", "regex", "ebnf", "structural_tag") if getattr(self, name) is not None
+        ]
         for name in grammars:
             if not isinstance(getattr(self, name), str):
                 raise SamplingParamsError(name, "must be a string")
         if len(grammars) > 1:
             raise SamplingParamsError(
-                grammars[1], f"only one of json_schema, regex, ebnf may be set ({grammars})"
+                grammars[1], f"only one of json_schema, regex, ebnf, structural_tag may be set ({grammars})"
             )
         return self
 

@@ -8,9 +8,11 @@ directly, and round robin must spread them over both servers.
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import openai
 import pytest
@@ -33,7 +35,8 @@ def router(server, second_server):
     port = free_port()
     cmd = [sys.executable, "-m", "sglang_router.launch_router", "--worker-urls", server.base_url,
            second_server.base_url, "--host", "127.0.0.1", "--port", str(port), "--policy", "round_robin",
-           "--worker-startup-check-interval", "1", "--log-level", "warn"]  # fmt: skip
+           "--worker-startup-check-interval", "1", "--log-level", "warn",
+           "--prometheus-port", str(free_port())]  # fmt: skip
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     url = f"http://127.0.0.1:{port}"
     deadline = time.time() + 60
@@ -100,4 +103,43 @@ def test_router_admin_endpoints_reach_the_servers(server, second_server, router)
     assert requests.post(router + "/flush_cache", timeout=30).ok
     for s in (server, second_server):
         assert s.internal_state().get("radix_cached_tokens", 0) == 0  # the router's flush reached it
+        s.wait_idle_baseline()
+
+
+def test_router_loads_the_tokenizer_and_serves_mixed_requests(server, second_server, router):
+    """The router registers the worker's tokenizer (from the files /get_model_info points at) and
+    tokenizes as the runtime does; then 20 mixed requests through it all succeed."""
+    from sgl_inkling.chat.tokenizer import get_tokenizer
+
+    deadline = time.time() + 60
+    while not requests.get(router + "/v1/tokenizers", timeout=10).json()["tokenizers"]:
+        assert time.time() < deadline, "the router registered no tokenizer"
+        time.sleep(0.5)
+    text = "Hello world, again: naïve café 東京 1234"
+    r = requests.post(router + "/v1/tokenize", json={"model": "inkling-tiny", "prompt": text}, timeout=30)
+    assert r.status_code == 200, r.text
+    assert r.json()["tokens"] == get_tokenizer().encode(text)
+
+    chat = {"model": "inkling-tiny", "messages": MESSAGES, "max_tokens": 6, "temperature": 0}
+    kinds = [
+        ("/generate", {"text": "Hello", "sampling_params": {"max_new_tokens": 5, "temperature": 0}}),
+        ("/generate", {"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 5}, "stream": True}),
+        ("/v1/chat/completions", chat),
+        ("/v1/chat/completions", {**chat, "stream": True}),
+        ("/v1/completions", {"model": "inkling-tiny", "prompt": "Once", "max_tokens": 5}),
+    ]
+
+    def send(i: int) -> int:
+        path, body = kinds[i % len(kinds)]
+        resp = requests.post(router + path, json=body, timeout=120, stream=body.get("stream", False))
+        if body.get("stream"):
+            events = [x for x in resp.iter_lines(decode_unicode=True) if x.startswith("data: ")]
+            assert events[-1] == "data: [DONE]" and json.loads(events[-2][6:]), (path, events[-3:])
+        else:
+            assert resp.json(), path
+        return resp.status_code
+
+    with ThreadPoolExecutor(4) as pool:
+        assert list(pool.map(send, range(20))) == [200] * 20
+    for s in (server, second_server):
         s.wait_idle_baseline()

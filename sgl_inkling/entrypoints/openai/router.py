@@ -36,13 +36,13 @@ from sgl_inkling.entrypoints.openai.serving_base import (
 )
 from sgl_inkling.entrypoints.openai.serving_chat import serve_chat
 from sgl_inkling.entrypoints.openai.serving_completions import serve_completions
-from sgl_inkling.entrypoints.openapi_bodies import body_of
+from sgl_inkling.entrypoints.request_schema import request_body
 from sgl_inkling.managers.io_struct import RequestError
 
 logger = logging.getLogger(__name__)
 
 Serve = Callable[[TokenizerManager, Any, Request], Awaitable[Response]]
-BODY_MODELS = [CompletionRequest, ChatCompletionRequest]  # declared in /openapi.json (openapi_bodies)
+BODY_MODELS = [CompletionRequest, ChatCompletionRequest]  # declared in /openapi.json (request_schema)
 
 
 def _model_card(tm: TokenizerManager) -> ModelCard:
@@ -76,11 +76,11 @@ def build_openai_router(get_tm: Callable[[], TokenizerManager]) -> APIRouter:
         missing = check_model(tm, model_id)
         return missing if missing is not None else JSONResponse(_model_card(tm).model_dump())
 
-    @router.post("/v1/completions", openapi_extra=body_of(CompletionRequest))
+    @router.post("/v1/completions", openapi_extra=request_body(CompletionRequest))
     async def completions(request: Request) -> Response:
         return await handle(request, CompletionRequest, serve_completions)
 
-    @router.post("/v1/chat/completions", openapi_extra=body_of(ChatCompletionRequest))
+    @router.post("/v1/chat/completions", openapi_extra=request_body(ChatCompletionRequest))
     async def chat_completions(request: Request) -> Response:
         return await handle(request, ChatCompletionRequest, serve_chat)
 
