@@ -12,10 +12,11 @@ import orjson
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 
-from sgl_inkling.entrypoints.metrics import render_metrics, replica_loads
+from sgl_inkling.entrypoints.load import replica_loads
 from sgl_inkling.entrypoints.native_fields import strip_accepted_fields
 from sgl_inkling.entrypoints.openai.router import build_openai_router
 from sgl_inkling.managers.io_struct import GenerateReqInput, RequestError
+from sgl_inkling.managers.metrics_collector import CONTENT_TYPE
 from sgl_inkling.managers.tokenizer_manager import TokenizerManager
 
 logger = logging.getLogger(__name__)
@@ -141,10 +142,12 @@ def create_app(tm: TokenizerManager, backend, server_args) -> FastAPI:
         tm.abort_request(rid)
         return Response(status_code=200)
 
-    @app.get("/metrics")
-    async def metrics():
-        state = await tm.get_internal_state()
-        return PlainTextResponse(render_metrics(tm, state), media_type="text/plain; version=0.0.4")
+    if tm.metrics is not None:  # --enable-metrics; without it /metrics is a 404, as upstream
+
+        @app.get("/metrics")
+        async def metrics():
+            state = await tm.get_internal_state()
+            return Response(tm.metrics.render(state), media_type=CONTENT_TYPE)
 
     @app.api_route("/generate", methods=["POST", "PUT"])
     async def generate(request: Request):

@@ -17,6 +17,8 @@ import zmq.asyncio
 from sgl_inkling.constrained import GrammarError, GrammarSpec, native_grammar
 from sgl_inkling.managers import io_struct as io
 from sgl_inkling.managers.data_parallel_controller import check_dp_rank
+from sgl_inkling.managers.metrics_collector import MetricsCollector
+from sgl_inkling.managers.request_logger import RequestLogger
 from sgl_inkling.multimodal.processor import media_processor
 from sgl_inkling.sampling.sampling_params import SamplingParams, SamplingParamsError
 
@@ -36,6 +38,7 @@ class ReqState:
     input_logprobs: list | None = None
     cached_tokens: int = 0
     spec: tuple[int, int] | None = None  # MTP (verify steps, accepted drafts)
+    queue_time: float | None = None  # the scheduler's arrival-to-admission time
     finished_reason: dict | None = None
     stop_str: str | None = None
     event: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
@@ -55,6 +58,7 @@ class TokenizerManager:
         self.media = media_processor(server_args, info.get("media") or {})
         self.reasoning_parser = server_args.reasoning_parser
         self.tool_call_parser = server_args.tool_call_parser
+        self.enable_cache_report = server_args.enable_cache_report
         self._scheduler_addr = scheduler_addr
         self._recv_addr = detok_out_addr
         self.rid_to_state: dict[str, ReqState] = {}
@@ -63,6 +67,10 @@ class TokenizerManager:
         self._started = False
         self.num_requests = 0
         self.num_errors = 0
+        # Watchers of every request (received / output / finished): --log-requests, --enable-metrics.
+        self.metrics = MetricsCollector(self.model_name) if server_args.enable_metrics else None
+        logger_ = RequestLogger(server_args.log_requests_level) if server_args.log_requests else None
+        self.observers = [o for o in (self.metrics, logger_) if o is not None]
 
     # ---------------------------------------------------------------- plumbing
 
@@ -104,6 +112,10 @@ class TokenizerManager:
             st.cached_tokens = t.cached_tokens[i]
             if t.spec_verify_ct is not None:
                 st.spec = (t.spec_verify_ct[i], t.spec_accepted_drafts[i])
+            if t.queue_times is not None and t.queue_times[i] is not None:
+                st.queue_time = t.queue_times[i]
+            for o in self.observers:
+                o.output(rid, st, len(t.new_token_ids[i]))
             if t.output_token_logprobs[i]:
                 st.output_logprobs.extend(t.output_token_logprobs[i])
             if t.output_top_logprobs[i]:
@@ -262,6 +274,8 @@ class TokenizerManager:
             text_in_logprobs=obj.return_text_in_logprobs,
         )
         self.rid_to_state[tok.rid] = st
+        for o in self.observers:
+            o.received(tok, obj, st)
         self.send_sock.send_pyobj(tok)
         return st
 
@@ -308,6 +322,10 @@ class TokenizerManager:
         if st.finished_reason is None:
             self.abort_request(rid)  # the consumer stopped early (disconnect, cancellation)
         self.rid_to_state.pop(rid, None)
+        if self.observers:
+            result = self._result(rid, st)
+            for o in self.observers:
+                o.finished(rid, st, result)
 
     def _result(self, rid: str, st: ReqState) -> dict:
         text = st.text
