@@ -19,6 +19,7 @@ import jsonschema
 import openai
 import pytest
 
+from sgl_inkling.chat import render_chat
 from sgl_inkling.chat.tokenizer import get_tokenizer
 
 from .server import ServerProcess
@@ -390,9 +391,15 @@ def test_responses_tool_calls_take_the_chat_grammar_path(client):
                                           max_output_tokens=120, stream=True, **common))  # fmt: skip
     args = "".join(e.delta for e in events if e.type == "response.function_call_arguments.delta")
     assert args == call.arguments
-    # The result goes back on top of the stored response.
+    # The result goes back on top of the stored response: the prompt is the whole conversation.
     follow = client.responses.create(
-        model=MODEL, previous_response_id=r.id, max_output_tokens=8, temperature=0,
-        input=[{"type": "function_call_output", "call_id": call.call_id, "output": "done"}],
+        model=MODEL, previous_response_id=r.id, max_output_tokens=8, temperature=0, tools=flat,
+        reasoning={"effort": "none"}, input=[{"type": "function_call_output", "call_id": call.call_id, "output": "done"}],
     )  # fmt: skip
-    assert follow.previous_response_id == r.id and follow.usage.input_tokens > r.usage.input_tokens
+    history = user(7) + [
+        {"role": "assistant", "content": "", "tool_calls": [
+            {"id": call.call_id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}}]},
+        {"role": "tool", "tool_call_id": call.call_id, "content": "done"},
+    ]  # fmt: skip
+    assert follow.previous_response_id == r.id
+    assert follow.usage.input_tokens == len(render_chat(history, TOOLS, "none").input_ids)
