@@ -127,6 +127,8 @@ def test_refusals_are_400s(tok):
         {"input": "x", "include": ["reasoning.encrypted_content"]},
         {"input": [{"type": "item_reference", "id": "x"}]},
         {"input": "x", "tool_choice": "required"},
+        {"input": "x", "reasoning": {"summary": "detailed"}},
+        {"input": "x", "text": {"format": {"type": "json_schema", "name": "s"}}},
     ]
     for body in bad:
         with pytest.raises(openai.BadRequestError):

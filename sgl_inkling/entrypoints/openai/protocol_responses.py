@@ -31,8 +31,9 @@ class ToolChoiceFunctionByName(_Request):
 
 class Reasoning(_Request):
     effort: str | None = None
-    summary: str | None = None
-    generate_summary: str | None = None
+    # No summarizer here: "auto" (the server's choice) gives the reasoning item its full text, no summary.
+    summary: Literal["auto"] | None = None
+    generate_summary: Literal["auto"] | None = None
 
 
 class TextFormat(_Request):
