@@ -15,8 +15,9 @@ import torch
 
 from sgl_inkling.models.inkling.quant_config import NVFP4_METHODS
 from sgl_inkling.models.inkling.tiny import TINY_NAME
+from sgl_inkling.server_args_upstream import add_upstream_cli_args, check_upstream_flags
 
-DTYPES = ("auto", "float32", "bfloat16", "float16")
+DTYPES = ("auto", "float32", "bfloat16", "float16", "float", "half")  # upstream's names; float = float32
 DEVICES = ("auto", "cpu", "cuda")
 LOAD_FORMATS = ("auto", "safetensors", "dummy")
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
@@ -25,7 +26,7 @@ SCHEDULE_POLICIES = ("fcfs", "lpm")
 LOAD_BALANCE_METHODS = ("round_robin", "shortest_queue")
 PARSERS = ("inkling",)
 
-_TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+_TORCH_DTYPES = {"float32": torch.float32, "float": torch.float32, "bfloat16": torch.bfloat16}
 
 
 SPEC_ALGORITHMS = ("MTP", "EAGLE", "NEXTN")
@@ -44,6 +45,8 @@ class ServerArgs:
     # Model and tokenizer
     model_path: str | None = None  # None: the embedded inkling-tiny
     tokenizer_path: str | None = None  # None: the model's directory
+    revision: str | None = None  # hub branch, tag or commit of --model-path (None: main)
+    download_dir: str | None = None  # hub cache directory (None: huggingface_hub's default)
     load_format: str = "auto"
     quantization: str | None = None  # None: the checkpoint's (BF16 or ModelOpt NVFP4 routed experts)
     trust_remote_code: bool = False  # accepted for SGLang compatibility; nothing remote is ever run
@@ -95,6 +98,18 @@ class ServerArgs:
     log_level: str = "info"
     enable_metrics: bool = False
     watchdog_timeout: float = 300.0
+    log_requests: bool = False
+    log_requests_level: int = 2
+    enable_cache_report: bool = False
+    # Upstream flags accepted only at their neutral value (checked in server_args_upstream).
+    kv_cache_dtype: str = "auto"
+    page_size: int | None = None
+    chat_template: str | None = None
+    enable_torch_compile: bool = False
+    enable_lora: bool = False
+    lora_paths: list[str] | None = None
+    moe_runner_backend: str = "auto"
+    enable_dp_attention: bool = False
 
     def __post_init__(self) -> None:
         if self.served_model_name is None:
@@ -108,6 +123,10 @@ class ServerArgs:
                        help=f"Local checkpoint directory or Hugging Face repo id (read from the local cache "
                             f"only; nothing is downloaded). Default: the embedded {TINY_NAME}.")
         g.add_argument("--tokenizer-path", default=d.tokenizer_path, help="Default: the model path.")
+        g.add_argument("--revision", default=d.revision,
+                       help="Branch, tag or commit of a hub --model-path, looked up in the local hub cache.")
+        g.add_argument("--download-dir", default=d.download_dir,
+                       help="Hub cache directory to find --model-path in (default: huggingface_hub's cache).")
         g.add_argument("--load-format", choices=LOAD_FORMATS, default=d.load_format,
                        help="'dummy' initialises random weights on the device (benchmarks without a checkpoint).")
         g.add_argument("--quantization", default=d.quantization,
@@ -177,7 +196,8 @@ class ServerArgs:
                             "requests in flight).")
         g.add_argument("--attention-backend", choices=ATTENTION_BACKENDS, default=d.attention_backend,
                        help="default: triton on cuda, torch_native on cpu")
-        g.add_argument("--cuda-graph-max-bs", type=int, default=d.cuda_graph_max_bs,
+        g.add_argument("--cuda-graph-max-bs", "--cuda-graph-max-bs-decode", dest="cuda_graph_max_bs", type=int,
+                       default=d.cuda_graph_max_bs,
                        help="largest decode batch replayed from a CUDA graph (larger ones run eagerly)")
         g.add_argument("--disable-cuda-graph", action="store_true")
         g.add_argument("--grammar-backend", choices=("xgrammar", "none"), default=d.grammar_backend,
@@ -201,9 +221,17 @@ class ServerArgs:
         g = parser.add_argument_group("misc")
         g.add_argument("--random-seed", type=int, default=d.random_seed)
         g.add_argument("--log-level", choices=LOG_LEVELS, default=d.log_level)
-        g.add_argument("--enable-metrics", action="store_true", help="Serve Prometheus metrics at /metrics.")
+        g.add_argument("--enable-metrics", action="store_true",
+                       help="Serve Prometheus metrics at /metrics (404 without this flag, as upstream).")
         g.add_argument("--watchdog-timeout", type=float, default=d.watchdog_timeout,
-                       help="Seconds a scheduler step may take before the server is declared hung.")
+                       help="Seconds one scheduler step may take; a longer one is a hang and the server exits.")
+        g.add_argument("--log-requests", action="store_true", help="Log every request and its result.")
+        g.add_argument("--log-requests-level", type=int, choices=(0, 1, 2, 3), default=d.log_requests_level,
+                       help="0: metadata; 1: and sampling params; 2: and the first 2048 characters of "
+                            "input and output; 3: all of them.")
+        g.add_argument("--enable-cache-report", action="store_true",
+                       help="Report cached prompt tokens in the OpenAI usage (prompt_tokens_details).")
+        add_upstream_cli_args(parser, d)
 
     @classmethod
     def from_cli_args(cls, args: argparse.Namespace) -> ServerArgs:
@@ -246,9 +274,10 @@ class ServerArgs:
 
         if self.device == "cuda" and not torch.cuda.is_available():
             fail("--device", "cuda was requested but torch sees no CUDA device (use --device cpu or auto)")
-        if self.dtype == "float16":
-            fail("--dtype", "float16 is not supported: Inkling is trained in bfloat16 and its activations "
+        if self.dtype in ("float16", "half"):
+            fail("--dtype", f"{self.dtype} is not supported: Inkling is trained in bfloat16 and its activations "
                             "can exceed float16's range; use bfloat16 (or float32)")
+        check_upstream_flags(self, fail)
         if not 1 <= self.port <= 65535:
             fail("--port", f"{self.port} is outside 1..65535")
         if self.tp_size < 1:

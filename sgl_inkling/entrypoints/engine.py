@@ -25,8 +25,9 @@ class Engine:
         kwargs.setdefault("log_level", "error")
         self.server_args = ServerArgs(**kwargs)
         self.server_args.check()
-        model_path = resolve_model_path(self.server_args.model_path)
-        check_quantization(self.server_args.quantization, model_path, self.server_args.load_format)
+        a = self.server_args
+        model_path = resolve_model_path(a.model_path, a.revision, a.download_dir)
+        check_quantization(a.quantization, model_path, a.load_format)
         self.backend = start_backend(self.server_args, str(model_path))
         self.backend.info["model_path"] = str(model_path)
         self.tm = TokenizerManager(

@@ -13,12 +13,13 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response, Streami
 from pydantic import BaseModel, ConfigDict, StrictBool, StrictStr, ValidationError
 
 from sgl_inkling.entrypoints.guard import GuardMiddleware
-from sgl_inkling.entrypoints.metrics import render_metrics, replica_loads
+from sgl_inkling.entrypoints.load import replica_loads
 from sgl_inkling.entrypoints.native_output import engine_error, sse_events
 from sgl_inkling.entrypoints.native_protocol import GenerateRequest
 from sgl_inkling.entrypoints.openai.router import BODY_MODELS, build_openai_router
 from sgl_inkling.entrypoints.request_schema import declare_request_bodies, request_body, validation_text
 from sgl_inkling.managers.io_struct import GenerateReqInput, RequestError
+from sgl_inkling.managers.metrics_collector import CONTENT_TYPE
 from sgl_inkling.managers.tokenizer_manager import TokenizerManager
 
 logger = logging.getLogger(__name__)
@@ -153,10 +154,12 @@ def create_app(tm: TokenizerManager, backend, server_args) -> FastAPI:
         tm.abort_request(body.rid, abort_all=body.abort_all)  # an unknown or empty rid: no-op (200, as upstream)
         return Response(status_code=200)
 
-    @app.get("/metrics")
-    async def metrics():
-        state = await tm.get_internal_state()
-        return PlainTextResponse(render_metrics(tm, state), media_type="text/plain; version=0.0.4")
+    if tm.metrics is not None:  # --enable-metrics; without it /metrics is a 404, as upstream
+
+        @app.get("/metrics")
+        async def metrics():
+            state = await tm.get_internal_state()
+            return Response(tm.metrics.render(state), media_type=CONTENT_TYPE)
 
     @app.api_route("/generate", methods=["POST", "PUT"], openapi_extra=request_body(GenerateRequest))
     async def generate(request: Request):

@@ -24,7 +24,7 @@ logger = logging.getLogger("sglang.launch_server")
 def launch_server(server_args) -> None:
     configure_logging(server_args.log_level)
     try:
-        model_path = resolve_model_path(server_args.model_path)
+        model_path = resolve_model_path(server_args.model_path, server_args.revision, server_args.download_dir)
         check_quantization(server_args.quantization, model_path, server_args.load_format)
     except (ModelNotFoundError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)

@@ -148,6 +148,7 @@ class BatchTokenOut:
     # MTP: verify steps so far and drafts accepted in them, per request (None without MTP).
     spec_verify_ct: list[int] | None = None
     spec_accepted_drafts: list[int] | None = None
+    queue_times: list[float | None] | None = None  # seconds from arrival to first admission
 
 
 @dataclass

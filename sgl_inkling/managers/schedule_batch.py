@@ -48,6 +48,8 @@ class Req:
     pending_ckpts: dict[int, int] = field(default_factory=dict)  # position -> snapshot slot, not yet cached
     admitted_once: bool = False
     arrival: float = field(default_factory=time.monotonic)
+    queue_time: float | None = None  # arrival to first admission, seconds (sglang:queue_time_seconds)
+    stream: bool = False  # streamed outputs go out every --stream-interval tokens, others when done
     grammar: Any = None  # RequestGrammar when the output is constrained
     # MTP speculative decoding (speculative/mtp_worker.py).
     kv_reserved: int = 0  # KV slots held past kv_len for the next verify's tokens
@@ -72,6 +74,7 @@ class Req:
             logprob_start_len=r.logprob_start_len,
             top_logprobs_num=r.top_logprobs_num,
             mm_items=r.mm_items,
+            stream=r.stream,
         )
 
     @property

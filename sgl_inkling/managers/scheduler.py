@@ -7,6 +7,7 @@ and sends BatchTokenOut to the detokenizer (control replies take the same route)
 from __future__ import annotations
 
 import logging
+import time
 from collections import deque
 
 import torch
@@ -24,6 +25,7 @@ from sgl_inkling.managers.schedule_policy import SchedulePolicy
 from sgl_inkling.managers.scheduler_faults import FaultIsolationMixin
 from sgl_inkling.managers.scheduler_memory import size_pools
 from sgl_inkling.managers.scheduler_spec import SpecDecodeMixin
+from sgl_inkling.managers.watchdog import Watchdog, exit_on_hang
 from sgl_inkling.mem_cache.req_kv import ReqKVManager
 from sgl_inkling.model_executor.forward_batch import ForwardBatch, ForwardMode
 from sgl_inkling.model_executor.model_loader import load_model
@@ -88,6 +90,8 @@ class Scheduler(SpecDecodeMixin, FaultIsolationMixin):
         self.step_allocs: dict[Req, int] = {}  # KV slots allocated past kv_len for that step
         self.num_retracted = 0
         self.num_finished = 0
+        self.stream_interval = server_args.stream_interval
+        self.watchdog = Watchdog(server_args.watchdog_timeout, exit_on_hang)
 
         ctx = zmq.Context.instance()
         self.recv_sock = ctx.socket(zmq.PULL)
@@ -117,7 +121,8 @@ class Scheduler(SpecDecodeMixin, FaultIsolationMixin):
         while True:
             self.recv_requests(block=not (self.waiting or self.running or self.partial))
             try:
-                self.step()
+                with self.watchdog.step():
+                    self.step()
             except Exception as e:  # a failure costs the requests of that step, not the server
                 self.fail_step(e)
             self.flush_outbox()
@@ -202,6 +207,8 @@ class Scheduler(SpecDecodeMixin, FaultIsolationMixin):
                 break
             self._remove_waiting(req)
             self.step_allocs[req] = n
+            if req.queue_time is None:
+                req.queue_time = time.monotonic() - req.arrival
             batch.append((req, n, locs))
             budget -= n
             reserve += per_req
@@ -401,11 +408,25 @@ class Scheduler(SpecDecodeMixin, FaultIsolationMixin):
             self.finish(req, {"type": "abort", "message": "aborted"})
         self.flush_outbox()
 
+    def _output_due(self, req: Req) -> bool:
+        """Upstream's streaming rule: a finished request always goes out; a streamed one with its first
+        token, then once --stream-interval tokens are unsent; an unstreamed one with its first token, then
+        every 50 (its client sees only the end). Unsent tokens wait in new_tokens."""
+        if req.finished_reason is not None:
+            return True
+        unsent = len(req.new_tokens)
+        if not req.stream:
+            return unsent >= 50 or unsent == len(req.output_ids)  # the first token: its time is the TTFT
+        interval = getattr(req.sampling_params, "stream_interval", None) or self.stream_interval
+        return unsent > 0 and (unsent >= interval or unsent == len(req.output_ids))
+
     def flush_outbox(self) -> None:
         if not self.outbox:
             return
-        reqs = list(dict.fromkeys(self.outbox))  # a request may be queued twice in one step
+        reqs = [r for r in dict.fromkeys(self.outbox) if self._output_due(r)]  # once per request
         self.outbox.clear()
+        if not reqs:
+            return
         msg = io.BatchTokenOut(
             rids=[r.rid for r in reqs],
             new_token_ids=[r.new_tokens for r in reqs],
@@ -420,6 +441,7 @@ class Scheduler(SpecDecodeMixin, FaultIsolationMixin):
             stop_strs=[r.stop_str for r in reqs],
             spec_verify_ct=[r.spec_verify_ct for r in reqs] if self.spec is not None else None,
             spec_accepted_drafts=[r.spec_accepted_drafts for r in reqs] if self.spec is not None else None,
+            queue_times=[r.queue_time for r in reqs],
         )
         self.send_sock.send_pyobj(msg)
         for r in reqs:

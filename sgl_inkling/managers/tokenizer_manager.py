@@ -17,6 +17,8 @@ import zmq.asyncio
 from sgl_inkling.constrained import GrammarError, GrammarSpec, native_grammar
 from sgl_inkling.managers import io_struct as io
 from sgl_inkling.managers.data_parallel_controller import check_dp_rank
+from sgl_inkling.managers.metrics_collector import MetricsCollector
+from sgl_inkling.managers.request_logger import RequestLogger
 from sgl_inkling.multimodal.processor import media_processor
 from sgl_inkling.sampling.sampling_params import MAX_N, MAX_TOP_LOGPROBS, SamplingParams, SamplingParamsError
 
@@ -29,7 +31,6 @@ class ReqState:
     return_logprob: bool
     text_in_logprobs: bool
     no_stop_trim: bool = False
-    stream_interval: int = 1
     stop_strs: tuple[str, ...] = ()
     created: float = dataclasses.field(default_factory=time.monotonic)
     text: str = ""
@@ -39,6 +40,7 @@ class ReqState:
     input_logprobs: list | None = None
     cached_tokens: int = 0
     spec: tuple[int, int] | None = None  # MTP (verify steps, accepted drafts)
+    queue_time: float | None = None  # the scheduler's arrival-to-admission time
     finished_reason: dict | None = None
     stop_str: str | None = None
     event: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
@@ -58,6 +60,7 @@ class TokenizerManager:
         self.media = media_processor(server_args, info.get("media") or {})
         self.reasoning_parser = server_args.reasoning_parser
         self.tool_call_parser = server_args.tool_call_parser
+        self.enable_cache_report = server_args.enable_cache_report
         self._scheduler_addr = scheduler_addr
         self._recv_addr = detok_out_addr
         self.rid_to_state: dict[str, ReqState] = {}
@@ -70,6 +73,10 @@ class TokenizerManager:
         self.model_fault: str | None = None
         self.num_model_faults = 0
         self.draining = False  # SIGTERM received (entrypoints/drain.py): refuse new requests
+        # Watchers of every request (received / output / finished): --log-requests, --enable-metrics.
+        self.metrics = MetricsCollector(self.model_name) if server_args.enable_metrics else None
+        logger_ = RequestLogger(server_args.log_requests_level) if server_args.log_requests else None
+        self.observers = [o for o in (self.metrics, logger_) if o is not None]
 
     # ---------------------------------------------------------------- plumbing
 
@@ -111,6 +118,10 @@ class TokenizerManager:
             st.cached_tokens = t.cached_tokens[i]
             if t.spec_verify_ct is not None:
                 st.spec = (t.spec_verify_ct[i], t.spec_accepted_drafts[i])
+            if t.queue_times is not None and t.queue_times[i] is not None:
+                st.queue_time = t.queue_times[i]
+            for o in self.observers:
+                o.output(rid, st, len(t.new_token_ids[i]))
             if t.output_token_logprobs[i]:
                 st.output_logprobs.extend(t.output_token_logprobs[i])
             if t.output_top_logprobs[i]:
@@ -293,10 +304,11 @@ class TokenizerManager:
             return_logprob=tok.return_logprob,
             text_in_logprobs=obj.return_text_in_logprobs,
             no_stop_trim=sp.no_stop_trim,
-            stream_interval=sp.stream_interval or getattr(self.server_args, "stream_interval", 1) or 1,
             stop_strs=tuple(s for s in sp.stop_strs if s),
         )
         self.rid_to_state[tok.rid] = st
+        for o in self.observers:
+            o.received(tok, obj, st)
         self.send_sock.send_pyobj(tok)
         return st
 
@@ -330,14 +342,10 @@ class TokenizerManager:
 
     async def _stream_one(self, tok, obj, request) -> AsyncIterator[dict]:
         st = self._register(tok, obj)
-        sent = 0  # output tokens already streamed
         try:
             while True:
+                # The scheduler spaces the chunks (stream_interval: Scheduler._output_due).
                 await self._wait(tok.rid, st, request)
-                # A chunk every stream_interval tokens (the first token at once), and the finish.
-                if st.finished_reason is None and sent and len(st.output_ids) - sent < st.stream_interval:
-                    continue
-                sent = len(st.output_ids)
                 out = self._result(tok.rid, st)
                 if st.finished_reason is None and st.stop_strs:
                     out["text"] = out["text"][: _safe_len(out["text"], st.stop_strs)]
@@ -351,6 +359,10 @@ class TokenizerManager:
         if st.finished_reason is None:
             self.abort_request(rid)  # the consumer stopped early (disconnect, cancellation)
         self.rid_to_state.pop(rid, None)
+        if self.observers:
+            result = self._result(rid, st)
+            for o in self.observers:
+                o.finished(rid, st, result)
 
     def _result(self, rid: str, st: ReqState) -> dict:
         text = st.text

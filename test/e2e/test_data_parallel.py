@@ -12,6 +12,7 @@ import time
 
 import openai
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from test.unit.helpers import random_prompt
 
@@ -22,7 +23,7 @@ GREEDY = {"max_new_tokens": 8, "temperature": 0}
 
 @pytest.fixture(scope="module")
 def dp2(tiny_path):
-    s = ServerProcess("--dp-size", "2", "--skip-server-warmup")
+    s = ServerProcess("--dp-size", "2", "--skip-server-warmup", "--enable-metrics")
     yield s
     s.stop()
 
@@ -89,6 +90,7 @@ def test_dp2_reports_both_replicas(dp2):
     assert info["dp_size"] == 2 and info["internal_states"][0]["dp_size"] == 2
     loads = dp2.get("/get_load").json()
     assert [entry["dp_rank"] for entry in loads] == [0, 1]
-    metrics = dp2.get("/metrics").text
+    families = {f.name: f for f in text_string_to_metric_families(dp2.get("/metrics").text)}
     total = sum(_per_replica(dp2, "full_kv_total"))
-    assert f'sglang:full_kv_total{{model_name="inkling-tiny"}} {total}' in metrics
+    (sample,) = families["sglang:max_total_num_tokens"].samples
+    assert sample.labels == {"model_name": "inkling-tiny"} and sample.value == total

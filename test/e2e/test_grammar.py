@@ -19,6 +19,7 @@ import jsonschema
 import openai
 import pytest
 
+from sgl_inkling.chat import render_chat
 from sgl_inkling.chat.tokenizer import get_tokenizer
 
 from .server import ServerProcess
@@ -371,3 +372,34 @@ def test_bad_grammars_are_400_and_the_server_keeps_serving(gserver, path, body, 
     assert message in r.json()["message"]
     ok = gserver.generate(text="x", sampling_params={"regex": "[0-9]{2}", "max_new_tokens": 8})
     assert re.fullmatch("[0-9]{2}", ok["text"])
+
+
+def test_responses_tool_calls_take_the_chat_grammar_path(client):
+    """/v1/responses with tools: the same TMLv0 tool grammar as chat, so the call is schema-valid and
+    identical to the chat endpoint's for the same greedy request, plain or streamed."""
+    flat = [{"type": "function", "name": n, "parameters": p} for n, p in TOOL_PARAMS.items()]
+    common = {"model": MODEL, "tool_choice": "required", "parallel_tool_calls": False, "temperature": 0}
+    r = client.responses.create(input=user(7), tools=flat, reasoning={"effort": "none"}, max_output_tokens=120,
+                                **common)  # fmt: skip
+    chat = client.chat.completions.create(messages=user(7), tools=TOOLS, reasoning_effort="none", max_tokens=120,
+                                          **common)  # fmt: skip
+    (call,) = [item for item in r.output if item.type == "function_call"]
+    check_call(call.name, call.arguments, set(TOOL_PARAMS))
+    expected = chat.choices[0].message.tool_calls[0].function
+    assert (call.name, call.arguments) == (expected.name, expected.arguments)
+    events = list(client.responses.create(input=user(7), tools=flat, reasoning={"effort": "none"},
+                                          max_output_tokens=120, stream=True, **common))  # fmt: skip
+    args = "".join(e.delta for e in events if e.type == "response.function_call_arguments.delta")
+    assert args == call.arguments
+    # The result goes back on top of the stored response: the prompt is the whole conversation.
+    follow = client.responses.create(
+        model=MODEL, previous_response_id=r.id, max_output_tokens=8, temperature=0, tools=flat,
+        reasoning={"effort": "none"}, input=[{"type": "function_call_output", "call_id": call.call_id, "output": "done"}],
+    )  # fmt: skip
+    history = user(7) + [
+        {"role": "assistant", "content": "", "tool_calls": [
+            {"id": call.call_id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}}]},
+        {"role": "tool", "tool_call_id": call.call_id, "content": "done"},
+    ]  # fmt: skip
+    assert follow.previous_response_id == r.id
+    assert follow.usage.input_tokens == len(render_chat(history, TOOLS, "none").input_ids)

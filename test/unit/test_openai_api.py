@@ -84,6 +84,7 @@ class FakeTM:
         self.context_len = 4096
         self.reasoning_parser = kw.get("reasoning_parser", "inkling")
         self.tool_call_parser = kw.get("tool_call_parser", "inkling")
+        self.enable_cache_report = kw.get("enable_cache_report", True)
         self.script = script
         self.error: RequestError | None = kw.get("error")
         self.error_after: int | None = kw.get("error_after")  # raise after this many streamed outputs
@@ -284,6 +285,18 @@ def test_chat_nonstream_reasoning_content_usage_and_request(tok, harness):
     assert r.usage.completion_tokens == len(script)
     assert r.usage.total_tokens == len(prompt_ids) + len(script)
     assert r.usage.prompt_tokens_details.cached_tokens == CACHED
+
+
+def test_cached_tokens_reported_only_with_enable_cache_report(tok, harness):
+    # Upstream's --enable-cache-report: without it the usage carries no prompt_tokens_details.
+    h = harness(tok, thinking_turn(tok), enable_cache_report=False)
+    r = h.client.chat.completions.create(model=MODEL, messages=USER, max_tokens=50)
+    assert r.usage.prompt_tokens_details is None and r.usage.prompt_tokens > CACHED
+    c = h.client.completions.create(model=MODEL, prompt="hi there", max_tokens=5)
+    assert c.usage.prompt_tokens_details is None
+    on = harness(tok, thinking_turn(tok), enable_cache_report=True)
+    c = on.client.completions.create(model=MODEL, prompt="hi there", max_tokens=5)
+    assert c.usage.prompt_tokens_details.cached_tokens == min(CACHED, c.usage.prompt_tokens)
 
 
 def test_chat_without_reasoning_parser_keeps_thinking_in_content(tok, harness):

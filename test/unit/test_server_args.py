@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
-import time
+import subprocess
+import sys
 
+import huggingface_hub
 import pytest
 import torch
 
-from sgl_inkling.model_resolution import ModelNotFoundError, hf_hub_cache_dir, resolve_model_path
+from sgl_inkling.model_resolution import ModelNotFoundError, resolve_model_path
 from sgl_inkling.server_args import ServerArgs, ServerArgsError, parse_server_args
 
 
@@ -78,10 +81,10 @@ def test_flags_reach_fields(no_cuda):
 # --- argparse-level rejection -------------------------------------------------------------
 
 
-@pytest.mark.parametrize("flag", ["--speculative-algorithm", "--enable-dp-attention", "--grammar-backend"])
+@pytest.mark.parametrize("flag", ["--enable-hierarchical-cache", "--disaggregation-mode", "--enable-lora-overlap"])
 def test_unknown_flag_exits_2(flag, capsys):
     code, err = _exit_code_and_stderr([flag, "1"], capsys)
-    assert code == 2 and flag in err
+    assert code == 2 and f"unrecognized arguments: {flag}" in err
 
 
 def test_no_abbreviations(capsys):
@@ -92,6 +95,56 @@ def test_no_abbreviations(capsys):
 def test_bad_choice_exits_2(capsys):
     code, err = _exit_code_and_stderr(["--dtype", "int8"], capsys)
     assert code == 2 and "--dtype" in err
+
+
+# --- upstream flags: honoured, or refused at start with the reason -------------------------
+
+
+def test_upstream_names_and_neutral_values_accepted(no_cuda):
+    a = parse_server_args([
+        "--kv-cache-dtype", "auto", "--page-size", "1", "--moe-runner-backend", "auto",
+        "--cuda-graph-max-bs-decode", "24", "--dtype", "float", "--log-requests", "--log-requests-level", "0",
+        "--enable-cache-report",
+    ])  # fmt: skip
+    assert (a.kv_cache_dtype, a.page_size, a.moe_runner_backend, a.cuda_graph_max_bs) == ("auto", 1, "auto", 24)
+    assert a.resolved_dtype() == torch.float32 and a.log_requests and a.log_requests_level == 0
+    assert a.enable_cache_report
+    b = parse_server_args(["--kv-cache-dtype", "bf16", "--dtype", "bfloat16"])
+    assert b.kv_cache_dtype == "bf16" and b.resolved_dtype() == torch.bfloat16
+
+
+def test_bf16_kv_with_auto_dtype_on_cuda(fake_cuda, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    assert parse_server_args(["--kv-cache-dtype", "bfloat16", "--moe-runner-backend", "triton"]).kv_cache_dtype == "bfloat16"
+
+
+@pytest.mark.parametrize(
+    "argv, flag, words",
+    [
+        (["--kv-cache-dtype", "fp8_e4m3"], "--kv-cache-dtype", "bfloat16 keys and values"),
+        (["--kv-cache-dtype", "fp8_e5m2"], "--kv-cache-dtype", "not supported"),
+        (["--kv-cache-dtype", "bf16"], "--kv-cache-dtype", "--dtype bfloat16"),  # cpu: float32 model
+        (["--page-size", "16"], "--page-size", "token-granular"),
+        (["--chat-template", "x.jinja"], "--chat-template", "tml-renderers"),
+        (["--enable-torch-compile"], "--enable-torch-compile", "not implemented"),
+        (["--enable-lora"], "--enable-lora", "LoRA"),
+        (["--lora-paths", "a=/x"], "--lora-paths", "LoRA"),
+        (["--moe-runner-backend", "deep_gemm"], "--moe-runner-backend", "use auto"),
+        (["--moe-runner-backend", "triton"], "--moe-runner-backend", "cuda only"),
+        (["--enable-dp-attention"], "--enable-dp-attention", "--dp-size"),
+        (["--dtype", "half"], "--dtype", "bfloat16"),
+    ],
+)
+def test_upstream_flags_refused_with_reason(argv, flag, words, no_cuda, capsys):
+    code, err = _exit_code_and_stderr(argv, capsys)
+    assert code == 2 and f"error: {flag}:" in err and words in err
+
+
+def test_refusals_hold_for_direct_construction(no_cuda):
+    with pytest.raises(ServerArgsError, match="--page-size"):
+        ServerArgs(page_size=64).check()
+    with pytest.raises(ServerArgsError, match="--log-requests-level"):
+        ServerArgs(log_requests_level=7).check()
 
 
 # --- validation -----------------------------------------------------------------------------
@@ -170,62 +223,102 @@ def test_local_directory_without_config(tmp_path):
     assert str(tmp_path) in str(info.value)
 
 
-def _snapshot(cache, repo: str, rev: str, config: dict | None = None):
-    snap = cache / f"models--{repo.replace('/', '--')}" / "snapshots" / rev
+def test_revision_and_download_dir_refused_for_local_models(tmp_path):
+    (tmp_path / "config.json").write_text("{}")
+    with pytest.raises(ValueError, match="--revision applies to a hub repo id"):
+        resolve_model_path(str(tmp_path), revision="main")
+    with pytest.raises(ValueError, match="--download-dir applies to a hub repo id"):
+        resolve_model_path(None, download_dir=str(tmp_path))
+
+
+def _commit(seed: str) -> str:
+    return hashlib.sha1(seed.encode()).hexdigest()  # 40 hex digits, as a git commit id
+
+
+def _cached_snapshot(cache, repo: str, commit: str, refs: tuple[str, ...] = (), config: dict | None = None):
+    """huggingface_hub's cache layout, built by hand: blobs by content hash, snapshot files linking
+    to them, refs/<name> holding a commit id."""
+    root = cache / f"models--{repo.replace('/', '--')}"
+    snap = root / "snapshots" / commit
     snap.mkdir(parents=True)
+    (root / "blobs").mkdir(exist_ok=True)
     if config is not None:
-        (snap / "config.json").write_text(json.dumps(config))
+        data = json.dumps(config).encode()
+        blob = root / "blobs" / hashlib.sha256(data).hexdigest()
+        blob.write_bytes(data)
+        (snap / "config.json").symlink_to(os.path.relpath(blob, snap))
+    for ref in refs:
+        (root / "refs" / ref).parent.mkdir(parents=True, exist_ok=True)
+        (root / "refs" / ref).write_text(commit)
     return snap
 
 
-def test_hf_cache_prefers_refs_main(tmp_path, monkeypatch):
+def test_hub_cache_follows_refs_main(tmp_path):
     cache = tmp_path / "hub"
-    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
-    main = _snapshot(cache, "org/name", "aaa", {"rev": "main"})
-    newer = _snapshot(cache, "org/name", "bbb", {"rev": "other"})
-    os.utime(newer, (time.time() + 100, time.time() + 100))  # newer, but not what refs/main names
-    (cache / "models--org--name" / "refs").mkdir()
-    (cache / "models--org--name" / "refs" / "main").write_text("aaa\n")
-    assert resolve_model_path("org/name") == main
+    main = _cached_snapshot(cache, "org/name", _commit("a"), ("main",), {"rev": "main"})
+    _cached_snapshot(cache, "org/name", _commit("b"), ("dev",), {"rev": "dev"})
+    assert resolve_model_path("org/name", download_dir=str(cache)) == main
+    assert json.loads((main / "config.json").read_text()) == {"rev": "main"}
 
 
-def test_hf_cache_without_refs_takes_complete_snapshot(tmp_path, monkeypatch):
+def test_revision_picks_branch_tag_or_commit(tmp_path):
     cache = tmp_path / "hub"
-    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
-    complete = _snapshot(cache, "org/name", "aaa", {})
-    _snapshot(cache, "org/name", "bbb", None)  # partial download: no config.json
-    assert resolve_model_path("org/name") == complete
+    _cached_snapshot(cache, "org/name", _commit("a"), ("main",), {"rev": "main"})
+    dev = _cached_snapshot(cache, "org/name", _commit("b"), ("dev", "tags/v1"), {"rev": "dev"})
+    pinned = _cached_snapshot(cache, "org/name", _commit("c"), (), {"rev": "pinned"})
+    assert resolve_model_path("org/name", revision="dev", download_dir=str(cache)) == dev
+    assert resolve_model_path("org/name", revision="tags/v1", download_dir=str(cache)) == dev
+    assert resolve_model_path("org/name", revision=_commit("c"), download_dir=str(cache)) == pinned
 
 
-def test_hf_home_is_respected(tmp_path, monkeypatch):
-    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
-    monkeypatch.delenv("HUGGINGFACE_HUB_CACHE", raising=False)
-    monkeypatch.setenv("HF_HOME", str(tmp_path))
-    assert hf_hub_cache_dir() == tmp_path / "hub"
-    snap = _snapshot(tmp_path / "hub", "org/name", "ccc", {})
-    assert resolve_model_path("org/name") == snap
-
-
-def test_absent_repo_lists_where_it_looked(tmp_path, monkeypatch):
+def test_unknown_revision_lists_the_cached_snapshots(tmp_path):
     cache = tmp_path / "hub"
-    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
-    monkeypatch.chdir(tmp_path)
+    _cached_snapshot(cache, "org/name", _commit("a"), ("main",), {})
     with pytest.raises(ModelNotFoundError) as info:
-        resolve_model_path("org/missing")
+        resolve_model_path("org/name", revision="nope", download_dir=str(cache))
     msg = str(info.value)
-    assert str(cache) in msg and "models--org--missing" in msg
-    assert "never downloads" in msg and "huggingface-cli download org/missing" in msg
+    assert "revision 'nope'" in msg and _commit("a") in msg and "(main)" in msg
+    assert "--revision nope" in msg and "never downloads" in msg
 
 
-def test_repo_with_stale_ref_and_no_snapshots(tmp_path, monkeypatch):
+def test_snapshot_without_refs_needs_its_revision(tmp_path):
     cache = tmp_path / "hub"
-    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
-    refs = cache / "models--org--name" / "refs"
-    refs.mkdir(parents=True)
-    (refs / "main").write_text("deadbeef")
+    _cached_snapshot(cache, "org/name", _commit("a"), (), {})  # a download pinned to a commit
+    with pytest.raises(ModelNotFoundError, match="revision 'main'"):
+        resolve_model_path("org/name", download_dir=str(cache))
+    assert resolve_model_path("org/name", revision=_commit("a"), download_dir=str(cache)).name == _commit("a")
+
+
+def test_snapshot_without_config_is_refused(tmp_path):
+    cache = tmp_path / "hub"
+    _cached_snapshot(cache, "org/name", _commit("a"), ("main",), None)
+    with pytest.raises(ModelNotFoundError, match="has no config.json"):
+        resolve_model_path("org/name", download_dir=str(cache))
+
+
+def test_download_dir_is_the_cache_looked_in(tmp_path, monkeypatch):
+    default, other = tmp_path / "default", tmp_path / "other"
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(default))
+    snap = _cached_snapshot(other, "org/name", _commit("a"), ("main",), {})
     with pytest.raises(ModelNotFoundError) as info:
         resolve_model_path("org/name")
-    assert "deadbeef" in str(info.value) and "0 snapshot(s)" in str(info.value)
+    assert str(default) in str(info.value) and "huggingface-cli download org/name" in str(info.value)
+    assert resolve_model_path("org/name", download_dir=str(other)) == snap
+
+
+def test_hf_home_is_respected(tmp_path):
+    # huggingface_hub reads HF_HOME when it is imported, so a fresh process shows the real behaviour.
+    snap = _cached_snapshot(tmp_path / "hub", "org/name", _commit("a"), ("main",), {})
+    env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE")}
+    code = "from sgl_inkling.model_resolution import resolve_model_path as r; print(r('org/name'))"
+    out = subprocess.run([sys.executable, "-c", code], env={**env, "HF_HOME": str(tmp_path)},
+                         capture_output=True, text=True, check=True)  # fmt: skip
+    assert out.stdout.strip() == str(snap)
+
+
+def test_revision_and_download_dir_flags_reach_fields(no_cuda):
+    a = parse_server_args(["--model", "org/name", "--revision", "dev", "--download-dir", "/d"])
+    assert (a.revision, a.download_dir) == ("dev", "/d")
 
 
 def test_missing_absolute_path(tmp_path):

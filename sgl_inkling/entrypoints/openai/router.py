@@ -1,5 +1,5 @@
 """The OpenAI-compatible routes, mounted by the HTTP server: /v1/models, /v1/completions,
-/v1/chat/completions.
+/v1/chat/completions, /v1/responses.
 
 Bodies are parsed here rather than by FastAPI, so that malformed JSON and wrong types answer 400 in
 OpenAI's error shape instead of FastAPI's 422. The engine is reached through `get_tm()` at request
@@ -36,6 +36,7 @@ from sgl_inkling.entrypoints.openai.serving_base import (
 )
 from sgl_inkling.entrypoints.openai.serving_chat import serve_chat
 from sgl_inkling.entrypoints.openai.serving_completions import serve_completions
+from sgl_inkling.entrypoints.openai.serving_responses import build_responses_routes
 from sgl_inkling.entrypoints.request_schema import request_body
 from sgl_inkling.managers.io_struct import RequestError
 
@@ -84,4 +85,5 @@ def build_openai_router(get_tm: Callable[[], TokenizerManager]) -> APIRouter:
     async def chat_completions(request: Request) -> Response:
         return await handle(request, ChatCompletionRequest, serve_chat)
 
+    build_responses_routes(router, handle)
     return router

@@ -30,6 +30,7 @@ class TokenizerManager(Protocol):
     tokenizer: Any  # sgl_inkling.chat.tokenizer.InklingTokenizer
     reasoning_parser: str | None
     tool_call_parser: str | None
+    enable_cache_report: bool  # --enable-cache-report: cached prompt tokens in the usage
 
     def generate_request(self, obj: GenerateReqInput, request: Any = None) -> AsyncIterator[Any]:
         """An async generator: cumulative output dicts (see the module docs of the router)."""
@@ -294,8 +295,9 @@ def sse(payload: dict) -> str:
 SSE_DONE = "data: [DONE]\n\n"
 
 
-def usage_of(choices: Sequence[Choice], n: int) -> UsageInfo:
-    """Prompt tokens count once per prompt (its first choice), completion tokens for every choice."""
+def usage_of(choices: Sequence[Choice], n: int, cache_report: bool) -> UsageInfo:
+    """Prompt tokens count once per prompt (its first choice), completion tokens for every choice;
+    cached prompt tokens only with --enable-cache-report (upstream's rule)."""
     prompt = cached = completion = 0
     for c in choices:
         meta = ((c.last or c.first) or {}).get("meta_info") or {}
@@ -307,7 +309,7 @@ def usage_of(choices: Sequence[Choice], n: int) -> UsageInfo:
         prompt_tokens=prompt,
         completion_tokens=completion,
         total_tokens=prompt + completion,
-        prompt_tokens_details={"cached_tokens": cached},
+        prompt_tokens_details={"cached_tokens": cached} if cache_report else None,
     )
 
 

@@ -168,7 +168,7 @@ async def serve_chat(tm: TokenizerManager, req: ChatCompletionRequest, raw_reque
         id=random_id("chatcmpl-"),
         model=tm.model_name,
         choices=[_final_choice(tm, req, setup, c) for c in choices],
-        usage=usage_of(choices, req.n),
+        usage=usage_of(choices, req.n, tm.enable_cache_report),
     )
     return JSONResponse(response.model_dump())
 
@@ -386,7 +386,7 @@ async def _stream(
                 yield chunk([part])
         else:
             if req.stream_options is not None and req.stream_options.include_usage:
-                yield chunk([], usage=usage_of(choices, req.n))
+                yield chunk([], usage=usage_of(choices, req.n, tm.enable_cache_report))
         yield SSE_DONE
     finally:
         await merged.aclose()

@@ -148,7 +148,7 @@ async def serve_completions(tm: TokenizerManager, req: CompletionRequest, raw_re
         id=random_id("cmpl-"),
         model=tm.model_name,
         choices=[_final_choice(tm, req, c) for c in choices],
-        usage=usage_of(choices, req.n),
+        usage=usage_of(choices, req.n, tm.enable_cache_report),
     )
     return JSONResponse(response.model_dump())
 
@@ -215,7 +215,7 @@ async def _stream(tm: TokenizerManager, req: CompletionRequest, choices: list[Ch
         else:
             if req.stream_options is not None and req.stream_options.include_usage:
                 usage = CompletionResponse(
-                    id=rid, model=tm.model_name, choices=[], usage=usage_of(choices, req.n)
+                    id=rid, model=tm.model_name, choices=[], usage=usage_of(choices, req.n, tm.enable_cache_report)
                 )
                 yield sse(usage.model_dump(exclude_none=True))
         yield SSE_DONE

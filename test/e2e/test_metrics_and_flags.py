@@ -1,0 +1,159 @@
+"""Upstream's serving flags against a real server: /metrics (--enable-metrics) parsed with
+prometheus_client and checked against the requests made; --stream-interval, --enable-cache-report,
+--log-requests and --watchdog-timeout each visibly in effect."""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import subprocess
+import sys
+import time
+
+import openai
+import pytest
+import requests
+from prometheus_client.parser import text_string_to_metric_families
+
+from test.unit.helpers import random_prompt
+
+from .server import ServerProcess, free_port
+
+FLAGS = ("--skip-server-warmup", "--enable-metrics", "--enable-cache-report", "--log-requests",
+         "--stream-interval", "4")  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def observed(tiny_path):
+    s = ServerProcess(*FLAGS)
+    os.set_blocking(s.proc.stdout.fileno(), False)
+    yield s
+    s.stop()
+
+
+def scrape(server) -> dict:
+    r = server.get("/metrics")
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
+    return {f.name: f for f in text_string_to_metric_families(r.text)}
+
+
+def value(families: dict, family: str, sample: str | None = None, **labels) -> float:
+    """Sum of the samples named `sample` (default: the family's own name) whose labels include these."""
+    f = families[family]
+    name = sample or f.name
+    return sum(s.value for s in f.samples if s.name == name and labels.items() <= s.labels.items())
+
+
+def greedy(n: int) -> dict:
+    return {"max_new_tokens": n, "temperature": 0, "ignore_eos": True}
+
+
+def test_metrics_count_the_requests_made(observed):
+    before = scrape(observed)
+    shapes = [(10, 5), (23, 9), (7, 1)]
+    outs = [observed.generate(input_ids=random_prompt(n, seed=40 + i), sampling_params=greedy(m))
+            for i, (n, m) in enumerate(shapes)]  # fmt: skip
+    turn2 = random_prompt(23, seed=41) + outs[1]["output_ids"] + random_prompt(3, seed=60)  # a cache hit
+    outs.append(observed.generate(input_ids=turn2, sampling_params=greedy(2)))
+    after = scrape(observed)
+    metas = [o["meta_info"] for o in outs]
+    assert [m["completion_tokens"] for m in metas] == [5, 9, 1, 2] and metas[-1]["cached_tokens"] == 23 + 9 - 1
+
+    def delta(family, sample=None, **labels):
+        return value(after, family, sample, **labels) - value(before, family, sample, **labels)
+
+    name = {"model_name": "inkling-tiny"}
+    assert delta("sglang:num_requests", "sglang:num_requests_total", **name, is_streaming="false") == 4
+    assert delta("sglang:prompt_tokens", "sglang:prompt_tokens_total", **name) == 10 + 23 + 7 + 35
+    assert delta("sglang:generation_tokens", "sglang:generation_tokens_total", **name) == 5 + 9 + 1 + 2
+    assert delta("sglang:cached_tokens", "sglang:cached_tokens_total", **name) == sum(m["cached_tokens"] for m in metas)
+    for hist in ("sglang:time_to_first_token_seconds", "sglang:e2e_request_latency_seconds",
+                 "sglang:queue_time_seconds"):  # fmt: skip
+        assert after[hist].type == "histogram"
+        assert delta(hist, hist + "_count", **name) == 4, hist
+    # One inter-token gap per token after the first.
+    assert delta("sglang:inter_token_latency_seconds", "sglang:inter_token_latency_seconds_count") == 4 + 8 + 0 + 1
+    e2e = delta("sglang:e2e_request_latency_seconds", "sglang:e2e_request_latency_seconds_sum")
+    assert e2e == pytest.approx(sum(m["e2e_latency"] for m in metas), rel=0.05)
+    # +Inf bucket holds every observation.
+    assert delta("sglang:time_to_first_token_seconds", "sglang:time_to_first_token_seconds_bucket", le="+Inf") == 4
+
+    state = observed.internal_state()
+    assert after["sglang:num_running_reqs"].type == "gauge"
+    assert value(after, "sglang:num_running_reqs", **name) == 0
+    assert value(after, "sglang:max_total_num_tokens", **name) == state["full_kv_total"]
+    assert value(after, "sglang:kv_evictable_tokens", **name) == state["radix_cached_tokens"]
+    hit = value(after, "sglang:cached_tokens", "sglang:cached_tokens_total") / value(
+        after, "sglang:prompt_tokens", "sglang:prompt_tokens_total"
+    )
+    assert value(after, "sglang:cache_hit_rate", **name) == pytest.approx(hit)
+    assert value(after, "sglang:gen_throughput", **name) > 0
+
+
+def test_metrics_404_without_the_flag(server):
+    assert server.get("/metrics").status_code == 404
+
+
+def test_stream_interval_groups_tokens(observed):
+    body = {"input_ids": random_prompt(9, seed=50), "sampling_params": greedy(13), "stream": True}
+    r = requests.post(observed.base_url + "/generate", json=body, stream=True, timeout=120)
+    chunks = [json.loads(line[6:]) for line in r.iter_lines(decode_unicode=True)
+              if line and line != "data: [DONE]"]  # fmt: skip
+    # --stream-interval 4: the first token at once, then every 4 tokens (the default server sends 13 chunks).
+    assert [len(c["output_ids"]) for c in chunks] == [1, 5, 9, 13]
+
+
+def test_cache_report_in_openai_usage(observed, server):
+    client = openai.OpenAI(base_url=observed.base_url + "/v1", api_key="none", max_retries=0)
+    fresh = client.completions.create(model="inkling-tiny", prompt=random_prompt(12, seed=70), max_tokens=2)
+    assert fresh.usage.prompt_tokens_details.cached_tokens == 0
+    turn1 = random_prompt(20, seed=71)
+    out = observed.generate(input_ids=turn1, sampling_params=greedy(3))["output_ids"]
+    turn2 = turn1 + out + random_prompt(4, seed=72)  # continues the cached conversation
+    again = client.completions.create(model="inkling-tiny", prompt=turn2, max_tokens=2, temperature=0)
+    assert again.usage.prompt_tokens_details.cached_tokens == 20 + 3 - 1
+    plain = openai.OpenAI(base_url=server.base_url + "/v1", api_key="none", max_retries=0)
+    usage = plain.completions.create(model="inkling-tiny", prompt=turn2, max_tokens=2).usage
+    assert usage.prompt_tokens_details is None  # no --enable-cache-report
+
+
+def _read_log(server, needle: str, timeout: float = 10.0) -> str:
+    seen, deadline = "", time.time() + timeout
+    while needle not in seen and time.time() < deadline:
+        ready, _, _ = select.select([server.proc.stdout], [], [], 0.2)
+        if ready:
+            seen += server.proc.stdout.read() or ""
+    return seen
+
+
+def test_log_requests_logs_receive_and_finish(observed):
+    observed.generate(text="log this request", rid="logged-rid", sampling_params=greedy(3))
+    log = _read_log(observed, "Finish: rid=logged-rid")
+    assert "Receive: rid=logged-rid" in log and "input=log this request" in log  # level 2: the input
+    line = next(x for x in log.splitlines() if "Finish: rid=logged-rid" in x)
+    assert "completion_tokens=3" in line and "output=" in line
+
+
+def test_watchdog_timeout_kills_a_hung_server(tiny_path):
+    # Any forward takes longer than a millisecond, so the first step "hangs" and the server must go.
+    port = free_port()
+    cmd = [sys.executable, "-m", "sglang.launch_server", "--port", str(port), "--log-level", "warning",
+           "--skip-server-warmup", "--watchdog-timeout", "0.001"]  # fmt: skip
+    proc = subprocess.Popen(cmd, env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    try:
+        deadline = time.time() + 240
+        while time.time() < deadline:
+            try:
+                if requests.get(f"http://127.0.0.1:{port}/health", timeout=5).ok:
+                    break
+            except requests.RequestException:
+                time.sleep(0.5)
+        with pytest.raises(requests.RequestException):  # the connection dies with the server
+            requests.post(f"http://127.0.0.1:{port}/generate", json={"text": "hi"}, timeout=60)
+        assert proc.wait(timeout=30) != 0
+        assert "over --watchdog-timeout" in proc.stdout.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
