@@ -200,7 +200,7 @@ def _trim_stop(deltas: Sequence[Delta], parsed: ParsedOutput, stop: str) -> None
         return
     name = "content" if last.content is not None else "reasoning_content"
     full = getattr(parsed, name) or ""
-    cut = full.rfind(stop)
+    cut = full.find(stop)  # the first occurrence, as upstream (generation stopped at it)
     if cut < 0:
         return
     start = len(full) - len(getattr(last, name))
