@@ -26,6 +26,7 @@ import torch
 
 from sgl_inkling_kernels._triton import dot_mode, interpreting, mm, next_pow2, require_triton, tl, triton
 from sgl_inkling_kernels.fused_moe import moe_align
+from sgl_inkling_kernels.moe_nvfp4_gemv import INTERPRETER_GEMV_TILES, GemvTiles, moe_nvfp4_gemv
 from sgl_inkling_kernels.w4a16_steps import down_step, up_step
 
 
@@ -168,6 +169,17 @@ class Tiles:
 
 
 INTERPRETER_TILES = Tiles(up_n=16, down_n=16, kb=16, bk_sink=16, warps=4, stages=1)
+GEMV_MAX_PAIRS = 512  # (token, slot) pairs up to which the GEMVs beat the MMA kernels (H200, see default_tiles)
+
+
+def default_tiles(n_pairs: int, n_exp: int) -> Tiles | GemvTiles:
+    """Decode (few rows per expert) takes the row-block GEMVs, with blocks of 1, 2 or 4 pairs as the
+    expected rows per expert grow; prefill the MMA kernels."""
+    if n_pairs > GEMV_MAX_PAIRS:
+        return INTERPRETER_TILES if interpreting() else Tiles()
+    per_expert = n_pairs / n_exp
+    bm = 1 if per_expert <= 0.1 else 2 if per_expert <= 1 else 4
+    return replace(INTERPRETER_GEMV_TILES if interpreting() else GemvTiles(), bm=bm)
 
 
 def _check(x, w13, w13_scale, w13_scale2, w2, w2_scale, w2_scale2, shared_w13, shared_w2) -> None:
@@ -211,7 +223,7 @@ def fused_moe_nvfp4(
     # them, so no zero-filled buffer is needed): the flag states the caller's intent, as in fused_moe
     *,
     max_tokens: int = 4096,
-    tiles: Tiles | None = None,
+    tiles: Tiles | GemvTiles | None = None,  # default: default_tiles
     asm: bool | None = None,  # bf16 decode in PTX (default on the GPU for bf16 x)
 ) -> torch.Tensor:
     """fused_moe(x, dequantize_nvfp4(w13..), dequantize_nvfp4(w2..), ids, weights, sinks...) without
@@ -235,42 +247,68 @@ def fused_moe_nvfp4(
     n_exp, two_i, _ = w13.shape
     h, inter = x.shape[1], two_i // 2
     n_pairs = t * k
-    tiles = tiles or (INTERPRETER_TILES if interpreting() else Tiles())
-    if x.dtype == torch.float32 and not interpreting():  # fp32 (tests): 4-byte tiles must fit shared memory
-        tiles = replace(tiles, kb=min(tiles.kb, 32), bk_sink=min(tiles.bk_sink, 64), stages=min(tiles.stages, 2))
+    tiles = tiles if tiles is not None else default_tiles(n_pairs, n_exp)
     use_asm = (not interpreting() and x.dtype == torch.bfloat16) if asm is None else asm
     if use_asm and x.dtype != torch.bfloat16:
         raise ValueError("fused_moe_nvfp4: the asm decode produces bf16 weights, x must be bf16")
-    block_m = 16 if interpreting() or n_pairs < 4 * n_exp else 64
     ids = ids.contiguous()
-    pairs, block_expert = moe_align(ids, n_exp, block_m)
+    weights = weights.contiguous()
     n_shared = shared_w13.shape[0] if shared_w13 is not None else 0
-    n_sink_blocks = n_shared * triton.cdiv(t, block_m)
     # Sink act rows follow the pairs' (sink s, token t at n_pairs + s * T + t).
     act = torch.empty(n_pairs + n_shared * t, inter, dtype=x.dtype, device=x.device)
     out = torch.empty(t, k + n_shared, h, dtype=torch.float32, device=x.device)  # foreign slots stay unread
-    sw13, sw2 = (shared_w13, shared_w2) if n_shared else (x[:1].view(1, 1, h), x[:1].view(1, h, 1))
-    gam = shared_weights.contiguous() if n_shared else weights
-    upcast, prec = dot_mode(x.dtype)
+    gam = shared_weights.contiguous() if n_shared else None
     s13, s2 = w13_scale.view(torch.uint8), w2_scale.view(torch.uint8)
-    blocks = n_sink_blocks + block_expert.shape[0]
-    meta = dict(TOPK=k, BLOCK_M=block_m, KB=tiles.kb, BK_S=tiles.bk_sink, ASM=use_asm, HW_FP8=not interpreting(),
-                UPCAST=upcast, PREC=prec,
-                num_warps=tiles.warps, num_stages=tiles.stages)  # fmt: skip
-    _up_kernel[(triton.cdiv(inter, tiles.up_n), blocks)](
-        x, w13, s13, w13_scale2, sw13, pairs, block_expert, act,
-        x.stride(0), w13.stride(0), w13.stride(1), s13.stride(0), s13.stride(1), sw13.stride(0), sw13.stride(1),
-        act.stride(0), h, inter, n_pairs, t, n_sink_blocks, BLOCK_N=tiles.up_n, **meta,
-    )  # fmt: skip
-    _down_kernel[(triton.cdiv(h, tiles.down_n), blocks)](
-        act, w2, s2, w2_scale2, sw2, pairs, block_expert, weights.contiguous(), gam, out,
-        act.stride(0), w2.stride(0), w2.stride(1), s2.stride(0), s2.stride(1), sw2.stride(0), sw2.stride(1),
-        gam.stride(0), out.stride(0), out.stride(1), h, inter, n_pairs, t, n_sink_blocks,
-        BLOCK_N=tiles.down_n, **meta,
-    )  # fmt: skip
+    if isinstance(tiles, GemvTiles):  # decode: row-block GEMVs
+        pairs, block_expert = moe_align(ids, n_exp, tiles.bm)
+        gemv_sinks = n_shared if t <= tiles.sink_max else 0
+        # fp32 activations (x and act): the FMAs take them as they are, with no widening per weight
+        act32 = torch.empty(act.shape, dtype=torch.float32, device=x.device) if x.dtype != torch.float32 else act
+        moe_nvfp4_gemv(x.float(), w13, s13, w13_scale2, w2, s2, w2_scale2, pairs, block_expert, weights,
+                       shared_w13, shared_w2, gam, act32, out, gemv_sinks, tiles, use_asm)  # fmt: skip
+        if n_shared and not gemv_sinks:  # the sinks' [T, H] x [H, 2I] is a GEMM: the MMA kernels, sinks only
+            pad = pairs if pairs.numel() >= 16 else torch.full((16,), n_pairs, dtype=pairs.dtype, device=x.device)
+            _mma(x, w13, s13, w13_scale2, w2, s2, w2_scale2, pad, block_expert, weights, shared_w13, shared_w2,
+                 gam, act, out, Tiles() if not interpreting() else INTERPRETER_TILES, 16, use_asm, routed=False)  # fmt: skip
+    else:  # prefill: MMA over blocks of 16 or 64 pairs of one expert
+        if x.dtype == torch.float32 and not interpreting():  # fp32 (tests): 4-byte tiles must fit shared memory
+            tiles = replace(tiles, kb=min(tiles.kb, 32), bk_sink=min(tiles.bk_sink, 64), stages=min(tiles.stages, 2))
+        block_m = 16 if interpreting() or n_pairs < 4 * n_exp else 64
+        pairs, block_expert = moe_align(ids, n_exp, block_m)
+        _mma(x, w13, s13, w13_scale2, w2, s2, w2_scale2, pairs, block_expert, weights, shared_w13, shared_w2, gam,
+             act, out, tiles, block_m, use_asm)  # fmt: skip
     y = torch.empty_like(x)
     block = min(next_pow2(h), 64 if interpreting() else 1024)
     _sum_slots_kernel[(t, triton.cdiv(h, block))](
         out, ids, y, out.stride(0), out.stride(1), y.stride(0), h, n_exp, TOPK=k, SLOTS=k + n_shared, BLOCK=block
     )  # fmt: skip
     return y
+
+
+def _mma(x, w13, s13, g13, w2, s2, g2, pairs, block_expert, weights, sw13, sw2, gam, act, out, tiles: Tiles,
+         block_m: int, use_asm: bool, routed: bool = True) -> None:  # fmt: skip
+    """The MMA kernels over the sinks (if any) and (if routed) the blocks of moe_align(ids, E, block_m);
+    sinks only, the kernels still read the first block_m pairs and the first block's expert."""
+    t, k = weights.shape
+    n_pairs = t * k
+    h, inter = x.shape[1], w13.shape[1] // 2
+    n_shared = sw13.shape[0] if sw13 is not None else 0
+    n_sink_blocks = n_shared * triton.cdiv(t, block_m)
+    if not n_shared:
+        sw13, sw2, gam = x[:1].view(1, 1, h), x[:1].view(1, h, 1), weights
+    upcast, prec = dot_mode(x.dtype)
+    blocks = n_sink_blocks + (block_expert.shape[0] if routed else 0)
+    meta = dict(TOPK=k, BLOCK_M=block_m, KB=tiles.kb, BK_S=tiles.bk_sink, ASM=use_asm, HW_FP8=not interpreting(),
+                UPCAST=upcast, PREC=prec,
+                num_warps=tiles.warps, num_stages=tiles.stages)  # fmt: skip
+    _up_kernel[(triton.cdiv(inter, tiles.up_n), blocks)](
+        x, w13, s13, g13, sw13, pairs, block_expert, act,
+        x.stride(0), w13.stride(0), w13.stride(1), s13.stride(0), s13.stride(1), sw13.stride(0), sw13.stride(1),
+        act.stride(0), h, inter, n_pairs, t, n_sink_blocks, BLOCK_N=tiles.up_n, **meta,
+    )  # fmt: skip
+    _down_kernel[(triton.cdiv(h, tiles.down_n), blocks)](
+        act, w2, s2, g2, sw2, pairs, block_expert, weights, gam, out,
+        act.stride(0), w2.stride(0), w2.stride(1), s2.stride(0), s2.stride(1), sw2.stride(0), sw2.stride(1),
+        gam.stride(0), out.stride(0), out.stride(1), h, inter, n_pairs, t, n_sink_blocks,
+        BLOCK_N=tiles.down_n, **meta,
+    )  # fmt: skip
