@@ -30,12 +30,12 @@ class GemvTiles:
     sinks run here (larger ones go to the MMA kernels)."""
 
     bm: int = 1
-    up_n: int = 16
-    down_n: int = 32
-    kw: int = 16
+    up_n: int = 32
+    down_n: int = 64
+    kw: int = 8
     kw_sink: int = 8
     warps: int = 4
-    sink_max: int = 8
+    sink_max: int = 4
 
 
 INTERPRETER_GEMV_TILES = GemvTiles(bm=2, up_n=32, down_n=64, kw=4, kw_sink=2, warps=1, sink_max=4)
