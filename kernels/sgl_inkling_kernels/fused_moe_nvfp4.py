@@ -13,9 +13,11 @@ The N tile is the grid's fast axis, so batch 1 (6 experts x 1 row) still spreads
 To read each tile's bytes contiguously the codes of a row are split by nibble: the low nibbles
 (elements 2j) multiply the even activations, the high nibbles the odd ones (w4a16_steps).
 
-On the H200 (Triton 3.6) it streams 1.6 TB/s at batch 1 and 1.0 TB/s at batch 64, bound by the
-SM's L1/shared-memory pipe, not by DRAM: every warp re-reads the activation tile for its MMA
-(benchmark/results/bench_moe_nvfp4_inkling-slice.json, ncu_moe_nvfp4_up_bs1.txt).
+These MMA kernels serve prefill. On the H200 (Triton 3.6) they stream 1.6 TB/s at batch 1 and
+1.0 TB/s at batch 64, bound by the SM's L1/shared-memory pipe, not by DRAM: every warp re-reads the
+activation tile for its MMA (ncu_moe_nvfp4_up_bs1.txt). Decode batches (few rows per expert) take
+the row-block GEMVs of moe_nvfp4_gemv instead (default_tiles), with the sinks still in these kernels
+(benchmark/results/bench_moe_nvfp4_inkling-slice.json).
 """
 
 from __future__ import annotations
@@ -169,17 +171,23 @@ class Tiles:
 
 
 INTERPRETER_TILES = Tiles(up_n=16, down_n=16, kb=16, bk_sink=16, warps=4, stages=1)
-GEMV_MAX_PAIRS = 512  # (token, slot) pairs up to which the GEMVs beat the MMA kernels (H200, see default_tiles)
+GEMV_MAX_PAIRS = 384  # (token, slot) pairs up to which decode takes the GEMVs: measured up to batch 64 at top-6
 
 
 def default_tiles(n_pairs: int, n_exp: int) -> Tiles | GemvTiles:
-    """Decode (few rows per expert) takes the row-block GEMVs, with blocks of 1, 2 or 4 pairs as the
-    expected rows per expert grow; prefill the MMA kernels."""
+    """Decode takes the row-block GEMVs, prefill the MMA kernels. From the H200 measurement at
+    inkling-slice shape (benchmark/results/bench_moe_nvfp4_inkling-slice.json): blocks of 1 pair
+    while experts rarely get two rows (K steps of 16 words, 2 warps: routed 152 us at batch 1 against
+    247 us for the MMA kernels), then blocks of 2 (batch 8: 813 us against 1554 us, batch 64: 4.19 ms
+    against 6.80 ms; blocks of 4 take 6.37 ms); the BF16 sinks always in the MMA kernels (GEMV sinks
+    reached 0.7-1.1 TB/s, the MMA ones 3.1)."""
     if n_pairs > GEMV_MAX_PAIRS:
         return INTERPRETER_TILES if interpreting() else Tiles()
-    per_expert = n_pairs / n_exp
-    bm = 1 if per_expert <= 0.1 else 2 if per_expert <= 1 else 4
-    return replace(INTERPRETER_GEMV_TILES if interpreting() else GemvTiles(), bm=bm)
+    if interpreting():
+        return replace(INTERPRETER_GEMV_TILES, bm=1 if n_pairs <= 0.1 * n_exp else 2)
+    if n_pairs <= 0.1 * n_exp:
+        return GemvTiles(bm=1, kw=16, warps=2)
+    return GemvTiles(bm=2)
 
 
 def _check(x, w13, w13_scale, w13_scale2, w2, w2_scale, w2_scale2, shared_w13, shared_w2) -> None:

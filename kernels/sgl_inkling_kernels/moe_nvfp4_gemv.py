@@ -4,9 +4,16 @@ At decode every routed expert gets one or two rows (batch 64, top-6 of 256: ~1.9
 padded to 16+ rows wastes most of its work and, worse, every warp re-reads the activation tile
 from shared memory. Here each program owns BLOCK_N output columns of one block of at most BM
 (token, slot) pairs of one expert (moe_align with block BM) and streams that expert's weight rows
-once per block (gemv_steps). Sink experts are BF16 blocks of MS tokens in the same launches, first
-in the grid (they are the heaviest programs), when the batch is small enough for the FMAs to keep
-up with HBM; otherwise the caller runs them through the MMA kernels (MS = 0 here).
+once per block (gemv_steps). Sink experts can be BF16 blocks of MS tokens in the same launches,
+first in the grid (tiles.sink_max >= T); by default the caller runs them through the MMA kernels,
+which stream them at 3.1 TB/s against 0.7-1.1 TB/s here (H200).
+
+What limits it (H200, inkling-slice, sm_90 SASS): 5.3 instructions per weight at bm 1 (decode 3.25:
+nibbles to bf16 bits, a packed FMA by the block scale, widening to fp32; 1 FMA; loads and loop), 7.4
+at bm 2, against 4.4 per weight that 4.3 TB/s of 0.5625-byte weights allows; and, at batch 1, too
+few bytes in flight: ~600 programs of 2 warps and no software pipelining (each warp waits out the
+DRAM latency of every K step), so the routed part streams 1.26 TB/s. Split-K (deterministic, via the
+slot sum) and a register prefetch of the next K step are the next steps.
 
 Same buffers as the MMA path: act rows are pairs then sink rows (n_pairs + s * T + t), out is the
 per-(token, slot) fp32 buffer that fused_moe_nvfp4's slot sum reduces.
@@ -35,7 +42,7 @@ class GemvTiles:
     kw: int = 8
     kw_sink: int = 8
     warps: int = 4
-    sink_max: int = 4
+    sink_max: int = 0
 
 
 INTERPRETER_GEMV_TILES = GemvTiles(bm=2, up_n=32, down_n=64, kw=4, kw_sink=2, warps=1, sink_max=4)
