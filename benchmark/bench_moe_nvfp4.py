@@ -9,7 +9,7 @@ TB/s and the fraction of 4.3 TB/s follow. For "what limits it" the run also time
 alone (no sinks), the sinks alone (every routed id foreign), and the BF16 fused_moe on the same
 routing with the dequantized experts (which also checks that the two agree).
 
-    python benchmark/bench_moe_nvfp4.py --result-file out.json [--tiles 32,64,128,128,4,3 ...] [--asm 1 0]
+    python benchmark/bench_moe_nvfp4.py --result-file out.json [--tiles default mma g:1,16,32,8,8,4,8@1 ...] [--asm 1 0]
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "kernels"), str(ROOT / "python")]
 from benchmark.bench_one_batch import git_commit  # noqa: E402
 from sgl_inkling_kernels.fused_moe import fused_moe  # noqa: E402
 from sgl_inkling_kernels.fused_moe_nvfp4 import Tiles, fused_moe_nvfp4  # noqa: E402
+from sgl_inkling_kernels.moe_nvfp4_gemv import GemvTiles  # noqa: E402
 from sgl_inkling_kernels.nvfp4 import dequantize_nvfp4  # noqa: E402
 
 PEAK_TBS = 4.3
@@ -73,6 +74,30 @@ def copy_tbs() -> float:
     return 2 * src.numel() * 2 / ms / 1e9
 
 
+def parse_tiles(spec: str | None):
+    """(tiles, asm choices, batch sizes) of a --tiles entry: "default" (the module's dispatch), "mma"
+    (the MMA kernels' defaults), "m:up_n,down_n,kb,bk_sink,warps,stages[,asm]" (MMA), or
+    "g:bm,up_n,down_n,kw,kw_sink,warps,sink_max" (small-M GEMVs); "@1,8" after it: only at those batches."""
+    spec = spec or "default"
+    spec, _, at = spec.partition("@")
+    batches = [int(b) for b in at.split(",")] if at else []
+    if spec == "default":
+        return None, [], batches
+    if spec == "mma":
+        return Tiles(), [], batches
+    kind, _, body = spec.partition(":")
+    fields = [int(f) for f in body.split(",")]
+    if kind == "g":
+        return GemvTiles(*fields), [], batches
+    return Tiles(*fields[:6]), fields[6:], batches  # a 7th field picks the decode for this variant
+
+
+def tiles_doc(tiles) -> dict:
+    if tiles is None:
+        return {"path": "default dispatch"}
+    return {"path": "gemv" if isinstance(tiles, GemvTiles) else "mma", **tiles.__dict__}
+
+
 def run_variant(args, tiles, asm, xs, idss, wts, gam, foreign, w13, w2, sw13, sw2, bf13, bf2) -> dict:
     """ms per call: routed + sinks, routed alone, sinks alone (every routed id foreign); the error vs BF16."""
     kw = dict(tiles=tiles, asm=asm)
@@ -80,7 +105,7 @@ def run_variant(args, tiles, asm, xs, idss, wts, gam, foreign, w13, w2, sw13, sw
     def full(c):
         return fused_moe_nvfp4(xs[c], *w13, *w2, idss[c], wts[c], sw13, sw2, gam, **kw)
 
-    v = {"tiles": tiles.__dict__, "asm": asm}
+    v = {"tiles": tiles_doc(tiles), "asm": asm}
     if bf13 is not None:  # first, so that a wrong variant is seen as wrong before it is timed
         got, want = full(0).float(), fused_moe(xs[0], bf13, bf2, idss[0], wts[0], sw13, sw2, gam).float()
         v["rel_err_vs_bf16_fused_moe"] = float((got - want).norm() / want.norm())
@@ -106,14 +131,15 @@ def run_batch(args, bs, gen, w13, w2, sw13, sw2, bf13, bf2) -> dict:
     moe_bytes = hit * routed_bytes + sink_bytes
     row = {"batch_size": bs, "distinct_experts_per_call": hit, "bytes_routed_plus_sinks": moe_bytes, "variants": []}
     for spec in args.tiles:
-        fields = [int(f) for f in spec.split(",")] if spec else []
-        tiles = Tiles(*fields[:6])
-        for asm in fields[6:] or args.asm:  # a 7th field picks the decode for this variant
+        tiles, asms, batches = parse_tiles(spec)
+        if batches and bs not in batches:
+            continue
+        for asm in asms or args.asm:
             try:
                 v = run_variant(args, tiles, bool(asm), xs, idss, wts, gam, foreign, w13, w2, sw13, sw2, bf13, bf2)
             except Exception as exc:  # a variant that does not compile must not lose the others
                 print(f"bs {bs:3d} {spec or 'default'} asm={asm}: FAILED {exc!r}"[:2000], flush=True)
-                row["variants"].append({"tiles": tiles.__dict__, "asm": bool(asm), "error": repr(exc)[:2000]})
+                row["variants"].append({"tiles": tiles_doc(tiles), "asm": bool(asm), "error": repr(exc)[:2000]})
                 continue
             v["tb_s"] = moe_bytes / v["ms"] / 1e9
             v["fraction_of_4.3"] = v["tb_s"] / PEAK_TBS
@@ -139,9 +165,10 @@ def run_batch(args, bs, gen, w13, w2, sw13, sw2, bf13, bf2) -> dict:
 def kernel_stats(dump: Path | None) -> list:
     """Registers, spills and shared memory of every compiled variant (and its PTX under `dump`)."""
     from sgl_inkling_kernels import fused_moe_nvfp4 as mod
+    from sgl_inkling_kernels import moe_nvfp4_gemv as gv
 
     out = []
-    for fn in (mod._up_kernel, mod._down_kernel):
+    for fn in (mod._up_kernel, mod._down_kernel, gv._up_gemv_kernel, gv._down_gemv_kernel):
         try:
             for entry in fn.device_caches.values():
                 for n, (key, kern) in enumerate(entry[0].items()):
@@ -162,7 +189,7 @@ def main() -> None:
     p.add_argument("--top-k", type=int, default=6)
     p.add_argument("--sinks", type=int, default=2)
     p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 64])
-    p.add_argument("--tiles", nargs="+", default=[None], help="up_n,down_n,kb,bk_sink,warps,stages[,asm] (default: the module's)")
+    p.add_argument("--tiles", nargs="+", default=[None], help="default | mma | m:up_n,down_n,kb,bk_sink,warps,stages[,asm] | g:bm,up_n,down_n,kw,kw_sink,warps,sink_max, each optionally @batch,batch")
     p.add_argument("--asm", type=int, nargs="+", default=[1], help="1: PTX bf16 decode, 0: portable decode")
     p.add_argument("--calls", type=int, default=8, help="MoE calls (fresh routings) per captured graph")
     p.add_argument("--replays", type=int, default=20)

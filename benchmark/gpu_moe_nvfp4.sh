@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Issue 15, kernel half, on the H200 in one call from the project root: the NVFP4 MoE kernel tests on
 # the GPU, then bench_moe_nvfp4 at inkling-slice shape over the tile variants given in $TILES
-# (default: the module's), logs and JSON under $OUT; with NCU=1 also Nsight Compute on one routed up
+# (default: the module's dispatch; batch sizes $BATCHES, more flags in $BENCH_ARGS), logs and JSON under $OUT; with NCU=1 also Nsight Compute on one routed up
 # launch. Stage limits keep the whole under 9 minutes.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -14,10 +14,10 @@ status=0
 source benchmark/gpu_stage.sh
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --format=csv,noheader
 "$PY" -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
-STAGE_TAIL=6 stage tests "${TEST_LIMIT:-200}" "$PY" -m pytest test/kernels/test_fused_moe_nvfp4.py -q -rs -p no:cacheprovider -n 4
+STAGE_TAIL=6 stage tests "${TEST_LIMIT:-200}" "$PY" -m pytest test/kernels/test_fused_moe_nvfp4.py -q -rs -p no:cacheprovider -n "${TEST_WORKERS:-4}"
 # shellcheck disable=SC2086
 STAGE_TAIL=40 stage bench "${BENCH_LIMIT:-300}" "$PY" benchmark/bench_moe_nvfp4.py --result-file "$OUT/bench_moe_nvfp4_inkling-slice.json" \
-  --dump-dir "$OUT" ${TILES:+--tiles $TILES} ${ASM:+--asm $ASM}
+  --dump-dir "$OUT" ${TILES:+--tiles $TILES} ${ASM:+--asm $ASM} ${BATCHES:+--batch-sizes $BATCHES} ${BENCH_ARGS:-}
 if [ -n "${NCU:-}" ]; then  # what limits the routed up kernel: one launch at batch 1 under Nsight Compute
   NCU_BIN=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
   STAGE_TAIL=60 stage ncu "${NCU_LIMIT:-120}" "$NCU_BIN" --clock-control none -k regex:_up_kernel --launch-skip 2 \

@@ -13,9 +13,11 @@ The N tile is the grid's fast axis, so batch 1 (6 experts x 1 row) still spreads
 To read each tile's bytes contiguously the codes of a row are split by nibble: the low nibbles
 (elements 2j) multiply the even activations, the high nibbles the odd ones (w4a16_steps).
 
-On the H200 (Triton 3.6) it streams 1.6 TB/s at batch 1 and 1.0 TB/s at batch 64, bound by the
-SM's L1/shared-memory pipe, not by DRAM: every warp re-reads the activation tile for its MMA
-(benchmark/results/bench_moe_nvfp4_inkling-slice.json, ncu_moe_nvfp4_up_bs1.txt).
+These MMA kernels serve prefill. On the H200 (Triton 3.6) they stream 1.6 TB/s at batch 1 and
+1.0 TB/s at batch 64, bound by the SM's L1/shared-memory pipe, not by DRAM: every warp re-reads the
+activation tile for its MMA (ncu_moe_nvfp4_up_bs1.txt). Decode batches (few rows per expert) take
+the row-block GEMVs of moe_nvfp4_gemv instead (default_tiles), with the sinks still in these kernels
+(benchmark/results/bench_moe_nvfp4_inkling-slice.json).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import torch
 
 from sgl_inkling_kernels._triton import dot_mode, interpreting, mm, next_pow2, require_triton, tl, triton
 from sgl_inkling_kernels.fused_moe import moe_align
+from sgl_inkling_kernels.moe_nvfp4_gemv import INTERPRETER_GEMV_TILES, GemvTiles, moe_nvfp4_gemv
 from sgl_inkling_kernels.w4a16_steps import down_step, up_step
 
 
@@ -168,6 +171,23 @@ class Tiles:
 
 
 INTERPRETER_TILES = Tiles(up_n=16, down_n=16, kb=16, bk_sink=16, warps=4, stages=1)
+GEMV_MAX_PAIRS = 384  # (token, slot) pairs up to which decode takes the GEMVs: measured up to batch 64 at top-6
+
+
+def default_tiles(n_pairs: int, n_exp: int) -> Tiles | GemvTiles:
+    """Decode takes the row-block GEMVs, prefill the MMA kernels. From the H200 measurement at
+    inkling-slice shape (benchmark/results/bench_moe_nvfp4_inkling-slice.json): blocks of 1 pair
+    while experts rarely get two rows (K steps of 16 words, 2 warps: routed 152 us at batch 1 against
+    247 us for the MMA kernels), then blocks of 2 (batch 8: 813 us against 1554 us, batch 64: 4.19 ms
+    against 6.80 ms; blocks of 4 take 6.37 ms); the BF16 sinks always in the MMA kernels (GEMV sinks
+    reached 0.7-1.1 TB/s, the MMA ones 3.1)."""
+    if n_pairs > GEMV_MAX_PAIRS:
+        return INTERPRETER_TILES if interpreting() else Tiles()
+    if interpreting():
+        return replace(INTERPRETER_GEMV_TILES, bm=1 if n_pairs <= 0.1 * n_exp else 2)
+    if n_pairs <= 0.1 * n_exp:
+        return GemvTiles(bm=1, kw=16, warps=2)
+    return GemvTiles(bm=2)
 
 
 def _check(x, w13, w13_scale, w13_scale2, w2, w2_scale, w2_scale2, shared_w13, shared_w2) -> None:
@@ -211,7 +231,7 @@ def fused_moe_nvfp4(
     # them, so no zero-filled buffer is needed): the flag states the caller's intent, as in fused_moe
     *,
     max_tokens: int = 4096,
-    tiles: Tiles | None = None,
+    tiles: Tiles | GemvTiles | None = None,  # default: default_tiles
     asm: bool | None = None,  # bf16 decode in PTX (default on the GPU for bf16 x)
 ) -> torch.Tensor:
     """fused_moe(x, dequantize_nvfp4(w13..), dequantize_nvfp4(w2..), ids, weights, sinks...) without
@@ -235,42 +255,68 @@ def fused_moe_nvfp4(
     n_exp, two_i, _ = w13.shape
     h, inter = x.shape[1], two_i // 2
     n_pairs = t * k
-    tiles = tiles or (INTERPRETER_TILES if interpreting() else Tiles())
-    if x.dtype == torch.float32 and not interpreting():  # fp32 (tests): 4-byte tiles must fit shared memory
-        tiles = replace(tiles, kb=min(tiles.kb, 32), bk_sink=min(tiles.bk_sink, 64), stages=min(tiles.stages, 2))
+    tiles = tiles if tiles is not None else default_tiles(n_pairs, n_exp)
     use_asm = (not interpreting() and x.dtype == torch.bfloat16) if asm is None else asm
     if use_asm and x.dtype != torch.bfloat16:
         raise ValueError("fused_moe_nvfp4: the asm decode produces bf16 weights, x must be bf16")
-    block_m = 16 if interpreting() or n_pairs < 4 * n_exp else 64
     ids = ids.contiguous()
-    pairs, block_expert = moe_align(ids, n_exp, block_m)
+    weights = weights.contiguous()
     n_shared = shared_w13.shape[0] if shared_w13 is not None else 0
-    n_sink_blocks = n_shared * triton.cdiv(t, block_m)
     # Sink act rows follow the pairs' (sink s, token t at n_pairs + s * T + t).
     act = torch.empty(n_pairs + n_shared * t, inter, dtype=x.dtype, device=x.device)
     out = torch.empty(t, k + n_shared, h, dtype=torch.float32, device=x.device)  # foreign slots stay unread
-    sw13, sw2 = (shared_w13, shared_w2) if n_shared else (x[:1].view(1, 1, h), x[:1].view(1, h, 1))
-    gam = shared_weights.contiguous() if n_shared else weights
-    upcast, prec = dot_mode(x.dtype)
+    gam = shared_weights.contiguous() if n_shared else None
     s13, s2 = w13_scale.view(torch.uint8), w2_scale.view(torch.uint8)
-    blocks = n_sink_blocks + block_expert.shape[0]
-    meta = dict(TOPK=k, BLOCK_M=block_m, KB=tiles.kb, BK_S=tiles.bk_sink, ASM=use_asm, HW_FP8=not interpreting(),
-                UPCAST=upcast, PREC=prec,
-                num_warps=tiles.warps, num_stages=tiles.stages)  # fmt: skip
-    _up_kernel[(triton.cdiv(inter, tiles.up_n), blocks)](
-        x, w13, s13, w13_scale2, sw13, pairs, block_expert, act,
-        x.stride(0), w13.stride(0), w13.stride(1), s13.stride(0), s13.stride(1), sw13.stride(0), sw13.stride(1),
-        act.stride(0), h, inter, n_pairs, t, n_sink_blocks, BLOCK_N=tiles.up_n, **meta,
-    )  # fmt: skip
-    _down_kernel[(triton.cdiv(h, tiles.down_n), blocks)](
-        act, w2, s2, w2_scale2, sw2, pairs, block_expert, weights.contiguous(), gam, out,
-        act.stride(0), w2.stride(0), w2.stride(1), s2.stride(0), s2.stride(1), sw2.stride(0), sw2.stride(1),
-        gam.stride(0), out.stride(0), out.stride(1), h, inter, n_pairs, t, n_sink_blocks,
-        BLOCK_N=tiles.down_n, **meta,
-    )  # fmt: skip
+    if isinstance(tiles, GemvTiles):  # decode: row-block GEMVs
+        pairs, block_expert = moe_align(ids, n_exp, tiles.bm)
+        gemv_sinks = n_shared if t <= tiles.sink_max else 0
+        # fp32 activations (x and act): the FMAs take them as they are, with no widening per weight
+        act32 = torch.empty(act.shape, dtype=torch.float32, device=x.device) if x.dtype != torch.float32 else act
+        moe_nvfp4_gemv(x.float(), w13, s13, w13_scale2, w2, s2, w2_scale2, pairs, block_expert, weights,
+                       shared_w13, shared_w2, gam, act32, out, gemv_sinks, tiles, use_asm)  # fmt: skip
+        if n_shared and not gemv_sinks:  # the sinks' [T, H] x [H, 2I] is a GEMM: the MMA kernels, sinks only
+            pad = pairs if pairs.numel() >= 16 else torch.full((16,), n_pairs, dtype=pairs.dtype, device=x.device)
+            _mma(x, w13, s13, w13_scale2, w2, s2, w2_scale2, pad, block_expert, weights, shared_w13, shared_w2,
+                 gam, act, out, Tiles() if not interpreting() else INTERPRETER_TILES, 16, use_asm, routed=False)  # fmt: skip
+    else:  # prefill: MMA over blocks of 16 or 64 pairs of one expert
+        if x.dtype == torch.float32 and not interpreting():  # fp32 (tests): 4-byte tiles must fit shared memory
+            tiles = replace(tiles, kb=min(tiles.kb, 32), bk_sink=min(tiles.bk_sink, 64), stages=min(tiles.stages, 2))
+        block_m = 16 if interpreting() or n_pairs < 4 * n_exp else 64
+        pairs, block_expert = moe_align(ids, n_exp, block_m)
+        _mma(x, w13, s13, w13_scale2, w2, s2, w2_scale2, pairs, block_expert, weights, shared_w13, shared_w2, gam,
+             act, out, tiles, block_m, use_asm)  # fmt: skip
     y = torch.empty_like(x)
     block = min(next_pow2(h), 64 if interpreting() else 1024)
     _sum_slots_kernel[(t, triton.cdiv(h, block))](
         out, ids, y, out.stride(0), out.stride(1), y.stride(0), h, n_exp, TOPK=k, SLOTS=k + n_shared, BLOCK=block
     )  # fmt: skip
     return y
+
+
+def _mma(x, w13, s13, g13, w2, s2, g2, pairs, block_expert, weights, sw13, sw2, gam, act, out, tiles: Tiles,
+         block_m: int, use_asm: bool, routed: bool = True) -> None:  # fmt: skip
+    """The MMA kernels over the sinks (if any) and (if routed) the blocks of moe_align(ids, E, block_m);
+    sinks only, the kernels still read the first block_m pairs and the first block's expert."""
+    t, k = weights.shape
+    n_pairs = t * k
+    h, inter = x.shape[1], w13.shape[1] // 2
+    n_shared = sw13.shape[0] if sw13 is not None else 0
+    n_sink_blocks = n_shared * triton.cdiv(t, block_m)
+    if not n_shared:
+        sw13, sw2, gam = x[:1].view(1, 1, h), x[:1].view(1, h, 1), weights
+    upcast, prec = dot_mode(x.dtype)
+    blocks = n_sink_blocks + (block_expert.shape[0] if routed else 0)
+    meta = dict(TOPK=k, BLOCK_M=block_m, KB=tiles.kb, BK_S=tiles.bk_sink, ASM=use_asm, HW_FP8=not interpreting(),
+                UPCAST=upcast, PREC=prec,
+                num_warps=tiles.warps, num_stages=tiles.stages)  # fmt: skip
+    _up_kernel[(triton.cdiv(inter, tiles.up_n), blocks)](
+        x, w13, s13, g13, sw13, pairs, block_expert, act,
+        x.stride(0), w13.stride(0), w13.stride(1), s13.stride(0), s13.stride(1), sw13.stride(0), sw13.stride(1),
+        act.stride(0), h, inter, n_pairs, t, n_sink_blocks, BLOCK_N=tiles.up_n, **meta,
+    )  # fmt: skip
+    _down_kernel[(triton.cdiv(h, tiles.down_n), blocks)](
+        act, w2, s2, g2, sw2, pairs, block_expert, weights, gam, out,
+        act.stride(0), w2.stride(0), w2.stride(1), s2.stride(0), s2.stride(1), sw2.stride(0), sw2.stride(1),
+        gam.stride(0), out.stride(0), out.stride(1), h, inter, n_pairs, t, n_sink_blocks,
+        BLOCK_N=tiles.down_n, **meta,
+    )  # fmt: skip

@@ -121,3 +121,87 @@ def nvfp4_wtile(Codes, Scales, rows, row_ok, s_cr, s_sr, kb0, KB_TOT, KB: tl.con
     else:
         lo, hi = dequant_portable(codes, scale, DT)
     return tl.trans(tl.reshape(lo, (lo.shape[0], KB))), tl.trans(tl.reshape(hi, (hi.shape[0], KB)))
+
+
+@triton.jit
+def word_scales(s_row, kw0, KW_TOT, KW: tl.constexpr, MASK_K: tl.constexpr, ASM: tl.constexpr, HW_FP8: tl.constexpr):
+    """The block scale of each of KW code words (8 codes, half a 16-wide block) from word kw0 (even) of
+    the rows whose scales s_row [1, R, 1] points at: [1, R, KW], for `decode_words` (fp32, or the asm
+    path's bf16x2 of scale * 2^119 as int32). Each scale byte is loaded once, repeated in registers."""
+    c = tl.arange(0, KW // 2)[None, None, :]
+    if MASK_K:  # the last, partial K step (KW_TOT words per row)
+        sbits = tl.load(s_row + kw0 // 2 + c, mask=kw0 // 2 + c < KW_TOT // 2, other=0)
+    else:
+        sbits = tl.load(s_row + kw0 // 2 + c)
+    if HW_FP8:
+        scale = sbits.to(tl.float8e4nv, bitcast=True).to(tl.float32)
+    else:
+        scale = fp8_e4m3_to_f32(sbits)
+    if ASM:  # bf16 of scale * 2^119 is its fp32's top half (exact: a power of two times <= 4 mantissa bits)
+        b = (scale * 6.646139978924579e35).to(tl.int32, bitcast=True)
+        scale = (b & -65536) | ((b >> 16) & 65535)
+    return tl.reshape(tl.join(scale, scale), (1, s_row.shape[1], KW))
+
+
+@triton.jit
+def decode_words(words, scale, ASM: tl.constexpr):
+    """int32 words of 8 codes (nibble j = element j of the word) and their `word_scales` -> the 8
+    elements' fp32 weights e0..e7, each of the words' shape: e2m1 * scale (asm path: * 2^-7, see module doc)."""
+    if ASM:
+        # Per word ($8) and its scale pair ($9): the same nibble-to-bf16 bits as dequant_bf16_asm, one
+        # packed FMA by the scale per two weights, then each bf16 widened to fp32 (its top half).
+        o = tl.inline_asm_elementwise(
+            asm="""
+            {
+            .reg .b32 p, q, t, u, z, r0, r1, r2, r3;
+            mov.b32 z, 0x80008000;
+            prmt.b32 p, $8, 0, 0x4140;
+            prmt.b32 q, $8, 0, 0x4342;
+            shl.b32 t, p, 12;
+            shl.b32 u, p, 6;
+            or.b32 t, t, u;
+            and.b32 t, t, 0x81C081C0;
+            fma.rn.bf16x2 r0, t, $9, z;
+            and.b32 t, p, 0x00F000F0;
+            mul.lo.u32 t, t, 260;
+            and.b32 t, t, 0x81C081C0;
+            fma.rn.bf16x2 r1, t, $9, z;
+            shl.b32 t, q, 12;
+            shl.b32 u, q, 6;
+            or.b32 t, t, u;
+            and.b32 t, t, 0x81C081C0;
+            fma.rn.bf16x2 r2, t, $9, z;
+            and.b32 t, q, 0x00F000F0;
+            mul.lo.u32 t, t, 260;
+            and.b32 t, t, 0x81C081C0;
+            fma.rn.bf16x2 r3, t, $9, z;
+            shl.b32 $0, r0, 16;
+            shl.b32 $1, r1, 16;
+            and.b32 $2, r0, 0xFFFF0000;
+            and.b32 $3, r1, 0xFFFF0000;
+            shl.b32 $4, r2, 16;
+            shl.b32 $5, r3, 16;
+            and.b32 $6, r2, 0xFFFF0000;
+            and.b32 $7, r3, 0xFFFF0000;
+            }
+            """,
+            constraints="=r,=r,=r,=r,=r,=r,=r,=r,r,r",
+            args=[words, scale],
+            dtype=(tl.int32,) * 8,
+            is_pure=True,
+            pack=1,
+        )
+        e0, e1, e2, e3 = o[0].to(tl.float32, bitcast=True), o[1].to(tl.float32, bitcast=True), \
+            o[2].to(tl.float32, bitcast=True), o[3].to(tl.float32, bitcast=True)  # fmt: skip
+        e4, e5, e6, e7 = o[4].to(tl.float32, bitcast=True), o[5].to(tl.float32, bitcast=True), \
+            o[6].to(tl.float32, bitcast=True), o[7].to(tl.float32, bitcast=True)  # fmt: skip
+    else:
+        e0 = e2m1_to_f32(words & 15) * scale
+        e1 = e2m1_to_f32((words >> 4) & 15) * scale
+        e2 = e2m1_to_f32((words >> 8) & 15) * scale
+        e3 = e2m1_to_f32((words >> 12) & 15) * scale
+        e4 = e2m1_to_f32((words >> 16) & 15) * scale
+        e5 = e2m1_to_f32((words >> 20) & 15) * scale
+        e6 = e2m1_to_f32((words >> 24) & 15) * scale
+        e7 = e2m1_to_f32((words >> 28) & 15) * scale
+    return e0, e1, e2, e3, e4, e5, e6, e7

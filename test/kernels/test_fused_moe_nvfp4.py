@@ -16,7 +16,8 @@ if not torch.cuda.is_available():
 pytest.importorskip("triton")
 
 from sgl_inkling_kernels.fused_moe import fused_moe_ref  # noqa: E402
-from sgl_inkling_kernels.fused_moe_nvfp4 import Tiles, fused_moe_nvfp4  # noqa: E402
+from sgl_inkling_kernels.fused_moe_nvfp4 import INTERPRETER_TILES, Tiles, default_tiles, fused_moe_nvfp4  # noqa: E402
+from sgl_inkling_kernels.moe_nvfp4_gemv import INTERPRETER_GEMV_TILES, GemvTiles  # noqa: E402
 
 CUDA = torch.cuda.is_available()
 DEVICE = "cuda" if CUDA else "cpu"
@@ -73,26 +74,61 @@ def _assert_close(got, want, dtype):
 ASM = [None, False] if CUDA else [None]  # on the GPU also the portable decode (None: the default)
 
 
+MMA = INTERPRETER_TILES if not CUDA else Tiles()
+
+
 @pytest.mark.parametrize("shape", SHAPES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("asm", ASM)
-def test_matches_reference(shape, dtype, asm):
+@pytest.mark.parametrize("path", ["gemv", "mma"])
+def test_matches_reference(shape, dtype, asm, path):
+    """Both paths on every shape: the small-M GEMVs (what decode batches dispatch to) and the MMA kernels."""
     if asm is False and dtype == torch.float32:
         pytest.skip("fp32 always takes the portable decode")
     x, w13, w2, ids, weights, sw13, sw2, gam = _problem(*shape, dtype, seed=sum(shape))
-    got = fused_moe_nvfp4(x, *w13, *w2, ids, weights, sw13, sw2, gam, asm=asm)
+    tiles = MMA if path == "mma" else None
+    if path == "gemv":
+        assert isinstance(default_tiles(ids.numel(), shape[0]), GemvTiles)  # these shapes dispatch to it
+    got = fused_moe_nvfp4(x, *w13, *w2, ids, weights, sw13, sw2, gam, asm=asm, tiles=tiles)
     _assert_close(got, _reference(x, w13, w2, ids, weights, sw13, sw2, gam), dtype)
-    routed = fused_moe_nvfp4(x, *w13, *w2, ids, weights, asm=asm)  # no sinks
+    routed = fused_moe_nvfp4(x, *w13, *w2, ids, weights, asm=asm, tiles=tiles)  # no sinks
     _assert_close(routed, _reference(x, w13, w2, ids, weights), dtype)
 
 
+# Blocks of 1, 2 and 4 pairs, K steps that do not divide H or I (or exceed them), sinks in the GEMVs
+# (sink_max >= T) or in the MMA kernels (sink_max < T).
+GEMV_CASES = [
+    ((7, 2, 3, 80, 48, 3), GemvTiles(bm=1, up_n=16, down_n=32, kw=4, kw_sink=4, warps=1, sink_max=4)),
+    ((5, 2, 2, 48, 32, 9), GemvTiles(bm=4, up_n=8, down_n=16, kw=8, kw_sink=2, warps=1, sink_max=0)),
+    ((9, 1, 4, 64, 80, 2), GemvTiles(bm=2, up_n=32, down_n=64, kw=2, kw_sink=8, warps=2, sink_max=2)),
+]
+if CUDA:
+    GEMV_CASES += [((8, 2, 6, 6144, 3072, 8), GemvTiles(bm=2, sink_max=8)),
+                   ((33, 2, 6, 528, 272, 64), GemvTiles(bm=4, sink_max=0))]  # fmt: skip
+
+
+@pytest.mark.parametrize("shape,tiles", GEMV_CASES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gemv_tiles_match_reference(shape, tiles, dtype):
+    x, w13, w2, ids, weights, sw13, sw2, gam = _problem(*shape, dtype, seed=7 + sum(shape))
+    got = fused_moe_nvfp4(x, *w13, *w2, ids, weights, sw13, sw2, gam, tiles=tiles)
+    _assert_close(got, _reference(x, w13, w2, ids, weights, sw13, sw2, gam), dtype)
+
+
+def test_dispatch_small_m_for_decode_mma_for_prefill():
+    assert default_tiles(6, 256).bm == 1 and default_tiles(64 * 6, 256).bm == 2
+    assert isinstance(default_tiles(4096 * 6, 256), Tiles)
+
+
 @pytest.mark.parametrize("with_sinks", [True, False])
-def test_foreign_ids_contribute_zero(with_sinks):
+@pytest.mark.parametrize("tiles", [MMA, INTERPRETER_GEMV_TILES if not CUDA else GemvTiles(bm=2)])
+def test_foreign_ids_contribute_zero(with_sinks, tiles):
     """Expert parallelism: id E is an expert held by another rank; its pairs add nothing."""
     x, w13, w2, ids, weights, sw13, sw2, gam = _problem(7, 2, 3, 48, 32, 5, torch.float32, seed=11)
     foreign = ids % 3 == 0
     sinks = (sw13, sw2, gam) if with_sinks else (None, None, None)
-    got = fused_moe_nvfp4(x, *w13, *w2, torch.where(foreign, 7, ids), weights, *sinks, foreign_ids=True)
+    got = fused_moe_nvfp4(x, *w13, *w2, torch.where(foreign, 7, ids), weights, *sinks, foreign_ids=True,
+                          tiles=tiles)  # fmt: skip
     want = _reference(x, w13, w2, ids, torch.where(foreign, 0.0, weights), *sinks)
     _assert_close(got, want, torch.float32)
 
