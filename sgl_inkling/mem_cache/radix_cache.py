@@ -11,13 +11,13 @@ each checkpoint (0 marks a dropped slot). Eviction by value lives in radix_evict
 from __future__ import annotations
 
 import time
-import weakref
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
 
 from sgl_inkling.mem_cache.memory_pool import TokenSlotAllocator
-from sgl_inkling.mem_cache.radix_eviction import COUNTERS, RadixEviction, wanted_seq
+from sgl_inkling.mem_cache.radix_eviction import COUNTERS, RadixEviction
 from sgl_inkling.mem_cache.sconv_checkpoints import SConvCheckpointPool
 
 
@@ -112,36 +112,24 @@ class RadixCache(RadixEviction):
 
     # ---------------------------------------------------------------- match and insert
 
+    def _along(self, tokens: list[int]) -> Iterator[tuple[TreeNode, int]]:
+        """Nodes of the longest cached prefix of `tokens` (the last may match only in part), each
+        with the prefix length matched through it; the tree is not changed."""
+        node, pos = self.root, 0
+        while pos < len(tokens):
+            child = node.children.get(tokens[pos])
+            if child is None:
+                return
+            n = common_prefix_len(child.key, tokens, pos)
+            pos += n
+            yield child, pos
+            if n < len(child.key):
+                return
+            node = child
+
     def peek(self, tokens: list[int]) -> int:
         """Length of the longest cached prefix of `tokens`, without changing the tree."""
-        node, pos = self.root, 0
-        while pos < len(tokens):
-            child = node.children.get(tokens[pos])
-            if child is None:
-                break
-            n = common_prefix_len(child.key, tokens, pos)
-            pos += n
-            if n < len(child.key):
-                break
-            node = child
-        return pos
-
-    def mark_wanted(self, tokens: list[int], req) -> None:
-        """Record that a queued request (with `queued` and `wait_seq`) will resume along `tokens`:
-        eviction keeps what queued requests will reuse, and what the earliest of them need longest."""
-        node, pos = self.root, 0
-        while pos < len(tokens):
-            child = node.children.get(tokens[pos])
-            if child is None:
-                break
-            seq = wanted_seq(child)
-            if seq is None or req.wait_seq < seq:
-                child.wanted = weakref.ref(req)  # a finished request is not kept alive by the tree
-            n = common_prefix_len(child.key, tokens, pos)
-            pos += n
-            if n < len(child.key):
-                break
-            node = child
+        return max((pos for _, pos in self._along(tokens)), default=0)
 
     def match(self, tokens: list[int]) -> MatchResult:
         """Deepest resumable point for `tokens`; at least the last token is always left to compute."""

@@ -25,6 +25,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
+import weakref
 
 _ticket = itertools.count()
 COUNTERS = (
@@ -48,7 +49,14 @@ def _drop_key(node) -> tuple:
 
 
 class RadixEviction:
-    """Mixin for RadixCache (root, window, full_alloc, swa_alloc, ckpts, _nodes, counters)."""
+    """Mixin for RadixCache (root, window, full_alloc, swa_alloc, ckpts, _nodes, _along, counters)."""
+
+    def mark_wanted(self, tokens: list[int], req) -> None:
+        """Record that a queued request (with `queued` and `wait_seq`) will resume along `tokens`."""
+        for node, _ in self._along(tokens):
+            seq = wanted_seq(node)
+            if seq is None or req.wait_seq < seq:
+                node.wanted = weakref.ref(req)  # a finished request is not kept alive by the tree
 
     def evict(self, full: int = 0, swa: int = 0, ckpts: int = 0) -> None:
         """Free cache memory until the allocators have the asked-for room (or nothing unlocked is left)."""

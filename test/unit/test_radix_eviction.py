@@ -76,6 +76,7 @@ def test_thinning_frees_intermediate_checkpoints_first_and_keeps_every_ends_wind
     insert_path(cache, b, [250])
     check_invariants(cache)
     assert cache.ckpts.available == 12 - 6
+    assert [cache.peek(t) for t in (a[:250] + [7], b + [7], [7], a + [7])] == [250, len(b), 0, len(a)]
     before = cache.stats()
     cache.evict(ckpts=cache.ckpts.available + 3)
     st = cache.stats()
