@@ -1,6 +1,7 @@
 """Serve inkling-slice with dummy NVFP4 routed experts through sglang.Engine on the GPU (CUDA graphs on):
 the deployed checkpoint's weight format end to end. Greedy tokens must be valid ids and identical across
-two runs of the same batch (graph replay is deterministic); reports decode tok/s. Writes JSON."""
+two runs of the same batch (graph replay is deterministic; the prefix cache is off so the second run
+recomputes the same way: a cached resume takes other kernels, and with random weights bf16 near-ties flip); reports decode tok/s. Writes JSON."""
 
 from __future__ import annotations
 
@@ -17,7 +18,8 @@ SP = {"max_new_tokens": 48, "temperature": 0, "ignore_eos": True}
 if __name__ == "__main__":
     out_path = sys.argv[1]
     engine = sglang.Engine(model_path=str(write_slice_dir()), load_format="dummy", quantization="modelopt_fp4",
-                           device="cuda", dtype="bfloat16", cuda_graph_max_bs=8, max_total_tokens=16384)  # fmt: skip
+                           device="cuda", dtype="bfloat16", cuda_graph_max_bs=8, max_total_tokens=16384,
+                           disable_radix_cache=True)  # fmt: skip
     info = engine.get_server_info() if hasattr(engine, "get_server_info") else {}
     engine.generate(input_ids=PROMPTS[0], sampling_params={"max_new_tokens": 2})
     runs = []
