@@ -1,6 +1,6 @@
 """The kernels fed with the inkling-tiny model's own modules and tensors give what those modules
 give: the checks behind the model wiring (RMSNorm, the residual-add + norm between the blocks,
-ShortConv, Router, MoE). fp32, Triton's interpreter on CPU."""
+ShortConv, Router, MoE, the packed q/k/v/r projection). fp32, Triton's interpreter on CPU."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ pytest.importorskip("triton")
 from sgl_inkling.mem_cache.memory_pool import SCONV_ATTN, SConvStatePool  # noqa: E402
 from sgl_inkling.model_executor.forward_batch import ForwardBatch, ForwardMode  # noqa: E402
 from sgl_inkling.models.inkling.moe import MoE  # noqa: E402
+from sgl_inkling_kernels._triton import kernel_dispatch  # noqa: E402
 from sgl_inkling_kernels.fused_moe import fused_moe  # noqa: E402
 from sgl_inkling_kernels.rmsnorm import fused_add_rmsnorm, rmsnorm  # noqa: E402
 from sgl_inkling_kernels.router import route  # noqa: E402
@@ -84,3 +85,48 @@ def test_sconv_matches_module(model):
     x1 = _x(2, 64, seed=7)
     torch.testing.assert_close(sconv_decode(x1, conv.weight, state, dec.req_pool_indices), conv(x1, dec))
     torch.testing.assert_close(state, pool_ref.state(layer_id, SCONV_ATTN))
+
+
+def test_packed_projection_holds_the_checkpoint_weights(model, tiny_path):
+    """The loader copies wq/wk/wv/wr into views of one packed tensor: the packed rows are the hub
+    tensors, read here straight from the checkpoint file."""
+    from safetensors import safe_open
+
+    from sgl_inkling.models.inkling.weights import checkpoint_files
+
+    hub = {}
+    for f in checkpoint_files(tiny_path):
+        with safe_open(f, framework="pt") as sf:
+            hub.update({n: sf.get_tensor(n) for n in sf.keys() if ".attn.w" in n and "wo_ud" not in n})
+    for i, layer in enumerate(model.model.llm.layers):
+        names = [f"model.llm.layers.{i}.attn.{n}.weight" for n in ("wq_du", "wk_dv", "wv_dv", "wr_du")]
+        want = torch.cat([hub[n] for n in names]).to(DEVICE, torch.float32)
+        torch.testing.assert_close(layer.attn.wqkvr, want, atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("layer_idx", [0, 1])  # a sliding and a full layer
+def test_fused_decode_projection_matches_modules(model, layer_idx):
+    """Packed q/k/v/r GEMM + epilogue kernel (interpreter) vs the four projections, the two convs and
+    the two norms as modules, on a decode batch: q, k, v, rel and the K/V conv states."""
+    attn = model.model.llm.layers[layer_idx].attn
+    lid, s = attn.spec.layer_id, attn.spec
+    chans = (s.num_kv_heads * s.head_dim,) * 2 + (64, 64)
+    pools = [SConvStatePool(5, {lid: chans}, 4, DEVICE) for _ in range(2)]
+    for p in pools:
+        for stream in range(2):
+            p.state(lid, stream).copy_(_x(5, 3, chans[0], seed=10 + stream))
+    batches = []
+    for p in pools:
+        b = ForwardBatch.build(ForwardMode.DECODE, [[3], [4], [5]], [4, 1, 2], [6, 8, 30], [0] * 3, [0] * 3, DEVICE)
+        b.sconv_pool = p
+        batches.append(b)
+    x = _x(3, 64, seed=9)
+    with kernel_dispatch(True):
+        got = attn.project(x, batches[0])
+    with kernel_dispatch(False):
+        want = attn.project(x, batches[1])
+    for g, w in zip(got, want):
+        assert g.shape == w.shape
+        torch.testing.assert_close(g, w, atol=1e-5, rtol=1e-5)
+    for stream in range(2):
+        torch.testing.assert_close(pools[0].state(lid, stream), pools[1].state(lid, stream), atol=0, rtol=0)
