@@ -1,6 +1,6 @@
 """The kernels fed with the inkling-tiny model's own modules and tensors give what those modules
 give: the checks behind the model wiring (RMSNorm, the residual-add + norm between the blocks,
-ShortConv, Router, MoE, the packed q/k/v/r projection). fp32, Triton's interpreter on CPU."""
+ShortConv, Router, MoE, the packed q/k/v/r projection, the output conv + add + norm). fp32, Triton's interpreter on CPU."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported
 pytest.importorskip("triton")
 
-from sgl_inkling.mem_cache.memory_pool import SCONV_ATTN, SConvStatePool  # noqa: E402
+from sgl_inkling.mem_cache.memory_pool import SCONV_ATTN, SCONV_MLP, SConvStatePool  # noqa: E402
 from sgl_inkling.model_executor.forward_batch import ForwardBatch, ForwardMode  # noqa: E402
 from sgl_inkling.models.inkling.moe import MoE  # noqa: E402
 from sgl_inkling_kernels._triton import kernel_dispatch  # noqa: E402
@@ -21,6 +21,7 @@ from sgl_inkling_kernels.fused_moe import fused_moe  # noqa: E402
 from sgl_inkling_kernels.rmsnorm import fused_add_rmsnorm, rmsnorm  # noqa: E402
 from sgl_inkling_kernels.router import route  # noqa: E402
 from sgl_inkling_kernels.sconv import sconv_decode, sconv_extend  # noqa: E402
+from sgl_inkling_kernels.sconv_norm import sconv_add_decode, sconv_add_rmsnorm_decode  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -129,4 +130,29 @@ def test_fused_decode_projection_matches_modules(model, layer_idx):
         assert g.shape == w.shape
         torch.testing.assert_close(g, w, atol=1e-5, rtol=1e-5)
     for stream in range(2):
+        torch.testing.assert_close(pools[0].state(lid, stream), pools[1].state(lid, stream), atol=0, rtol=0)
+
+
+def test_output_conv_add_norm_matches_modules(model):
+    """The decode kernel fed a layer's attn_sconv / mlp_norm / mlp_sconv gives what the modules give:
+    conv, residual add, norm; and the conv states move the same way."""
+    layer = model.model.llm.layers[2]
+    lid = layer.attn.spec.layer_id
+    pools = [SConvStatePool(4, {lid: (32, 32, 64, 64)}, 4, DEVICE) for _ in range(2)]
+    for p in pools:
+        for stream in (SCONV_ATTN, SCONV_MLP):
+            p.state(lid, stream).copy_(_x(4, 3, 64, seed=20 + stream))
+    dec = ForwardBatch.build(ForwardMode.DECODE, [[3], [4]], [3, 1], [6, 8], [0, 0], [0, 0], DEVICE)
+    dec.sconv_pool = pools[1]
+    a, h, m = _x(2, 64, seed=21), _x(2, 64, seed=22), _x(2, 64, seed=23)
+    state = pools[0].state(lid, SCONV_ATTN)
+    normed, summed = sconv_add_rmsnorm_decode(
+        a, layer.attn_sconv.weight, state, dec.req_pool_indices, h, layer.mlp_norm.weight, layer.mlp_norm.eps
+    )
+    want_sum = h + layer.attn_sconv(a, dec)
+    torch.testing.assert_close(summed, want_sum)
+    torch.testing.assert_close(normed, layer.mlp_norm(want_sum))
+    out = sconv_add_decode(m, layer.mlp_sconv.weight, pools[0].state(lid, SCONV_MLP), dec.req_pool_indices, summed)
+    torch.testing.assert_close(out, want_sum + layer.mlp_sconv(m, dec))
+    for stream in (SCONV_ATTN, SCONV_MLP):
         torch.testing.assert_close(pools[0].state(lid, stream), pools[1].state(lid, stream), atol=0, rtol=0)
