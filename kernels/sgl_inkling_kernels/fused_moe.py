@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from sgl_inkling_kernels._triton import dot_mode, interpreting, mm, require_triton, tl, triton
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_pairs"])  # batch-dependent ints: no recompiles
 def _moe_up_kernel(
     X, W13, Pairs, BlockExpert, Act,
     stride_xt, stride_we, stride_wn, stride_ap, H, N_INTER, num_pairs,
@@ -54,7 +54,7 @@ def _moe_up_kernel(
              mask=valid[:, None] & n_ok[None, :])  # fmt: skip
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_pairs"])  # batch-dependent ints: no recompiles
 def _moe_down_kernel(
     Act, W2, Pairs, BlockExpert, Weights, Out,
     stride_ap, stride_we, stride_wn, stride_ot, stride_os, H, N_INTER, num_pairs,
@@ -89,7 +89,7 @@ def _moe_down_kernel(
 SMALL_ALIGN_PAIRS = 64  # up to this many (token, slot) pairs, one Triton program aligns them
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_pairs", "max_blocks"])  # batch-dependent ints: no recompiles
 def _moe_align_small_kernel(
     Ids, Pairs, BlockExpert, num_pairs, num_experts, max_blocks,
     BLOCK_M: tl.constexpr, P: tl.constexpr, B: tl.constexpr,

@@ -26,7 +26,7 @@ def _logsigmoid(x):
     return tl.minimum(x, 0.0) - tl.log(1.0 + tl.exp(-tl.abs(x)))
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["stride_lp"])  # batch-dependent ints: no recompiles
 def _router_kernel(
     Logits, Bias, GlobalScale, Ids, Weights, SharedWeights,
     stride_lt, stride_lp, route_scale,
@@ -97,7 +97,7 @@ def route(
     return ids, weights, shared
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["T", "stride_op"])  # batch-dependent ints: no recompiles
 def _router_gemm_kernel(
     X, W, Out, T, N, H,
     stride_xt, stride_wn, stride_op, stride_ot, chunk,

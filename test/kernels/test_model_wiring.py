@@ -177,3 +177,24 @@ def test_decode_router_in_kernels_matches_module(model):
     with kernel_dispatch(False):
         want = moe(x)
     torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+
+
+def test_unfused_switch_takes_the_old_kernels(model, monkeypatch):
+    """profile_decode's "before": inside unfused_decode the decode projection skips the packed GEMM."""
+    import sgl_inkling.models.inkling.attention as attention_mod
+    from sgl_inkling_kernels._triton import unfused_decode
+
+    calls = []
+    real = attention_mod.qkvr_decode_epilogue
+    monkeypatch.setattr(attention_mod, "qkvr_decode_epilogue", lambda *a: calls.append(1) or real(*a))
+    attn = model.model.llm.layers[0].attn
+    kv = attn.spec.num_kv_heads * attn.spec.head_dim
+    pool = SConvStatePool(5, {attn.spec.layer_id: (kv, kv, 64, 64)}, 4, DEVICE)
+    batch = ForwardBatch.build(ForwardMode.DECODE, [[3]], [1], [6], [0], [0], DEVICE)
+    batch.sconv_pool = pool
+    with kernel_dispatch(True):
+        attn.project(_x(1, 64, seed=40), batch)
+        assert len(calls) == 1
+        with unfused_decode():
+            attn.project(_x(1, 64, seed=40), batch)
+    assert len(calls) == 1

@@ -14,7 +14,7 @@ from sgl_inkling.model_executor.forward_batch import ForwardBatch, ForwardMode
 from sgl_inkling.models.inkling.config import InklingTextConfig
 from sgl_inkling.models.inkling.norm import RMSNorm
 from sgl_inkling.models.inkling.sconv import ShortConv
-from sgl_inkling_kernels._triton import use_triton
+from sgl_inkling_kernels._triton import fused_decode, use_triton
 from sgl_inkling_kernels.qkvr_epilogue import qkvr_decode_epilogue
 
 
@@ -85,6 +85,7 @@ class InklingAttention(nn.Module):
         capture = batch.sconv_capture
         return (
             self.wqkvr is not None
+            and fused_decode()
             and batch.mode is ForwardMode.DECODE
             and (capture is None or self.spec.layer_id not in capture)
         )

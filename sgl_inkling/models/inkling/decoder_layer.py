@@ -19,7 +19,7 @@ from sgl_inkling.models.inkling.config import SPARSE, InklingTextConfig
 from sgl_inkling.models.inkling.moe import DenseMLP, MoE
 from sgl_inkling.models.inkling.norm import RMSNorm
 from sgl_inkling.models.inkling.sconv import ShortConv
-from sgl_inkling_kernels._triton import use_triton
+from sgl_inkling_kernels._triton import fused_decode, use_triton
 from sgl_inkling_kernels.rmsnorm import fused_add_rmsnorm
 from sgl_inkling_kernels.sconv_norm import sconv_add_decode, sconv_add_rmsnorm_decode
 
@@ -47,7 +47,8 @@ class DecoderLayer(nn.Module):
         under TP the conv runs on a reduce-scattered shard, and MTP's conv capture needs the module."""
         capture = batch.sconv_capture
         return (
-            batch.mode is ForwardMode.DECODE
+            fused_decode()
+            and batch.mode is ForwardMode.DECODE
             and get_parallel().tp_size == 1
             and (capture is None or self.attn.spec.layer_id not in capture)
         )

@@ -18,7 +18,7 @@ from sgl_inkling.distributed.sharding import Shard, declare, local, split
 from sgl_inkling.layers.linear import Linear, linear
 from sgl_inkling.models.inkling.config import InklingTextConfig
 from sgl_inkling.models.inkling.quant_config import NVFP4
-from sgl_inkling_kernels._triton import use_triton
+from sgl_inkling_kernels._triton import fused_decode, use_triton
 from sgl_inkling_kernels.fused_moe import fused_moe
 from sgl_inkling_kernels.nvfp4 import BLOCK, dequantize_nvfp4
 from sgl_inkling_kernels.router import route, route_decode
@@ -187,7 +187,7 @@ class MoE(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if use_triton(x):  # fused routing and one grouped GEMM over routed + shared experts
             g, e, s = self.gate, self.experts, self.shared_experts
-            if x.shape[0] <= FUSED_ROUTER_MAX_TOKENS:  # decode: the router GEMM in the routing kernels
+            if x.shape[0] <= FUSED_ROUTER_MAX_TOKENS and fused_decode():  # decode: the router GEMM in the routing kernels
                 ids, w, gam = route_decode(x, g.weight, g.bias, g.global_scale, g.top_k, g.route_scale)
             else:
                 ids, w, gam = route(
