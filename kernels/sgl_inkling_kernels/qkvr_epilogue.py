@@ -6,7 +6,8 @@ the concatenated weight [wq; wk; wv; wr]. One program per (token, head): query h
 key heads, then value heads (r needs no work: the caller takes it as a view). Rounding follows the
 modules: the conv runs in fp32 and is rounded to the activations' dtype, RMSNorm normalises in fp32,
 rounds, then multiplies by its gain. The conv states [slots, K-1, NKV * D] (fp32) shift in place,
-as `sconv.sconv_decode` does; the grid depends on shapes only (CUDA-graph safe).
+as `sconv.sconv_decode` does; the grid depends on shapes only (CUDA-graph safe). Given the KV
+cache buffers and each token's slot, k and v go straight into the cache (no separate store kernels).
 """
 
 from __future__ import annotations
@@ -48,16 +49,19 @@ def _head_sconv(
 
 @triton.jit
 def _qkvr_epilogue_kernel(
-    X, QNormW, KNormW, KConvW, VConvW, KState, VState, Rows, Q, Kout, Vout,
+    X, QNormW, KNormW, KConvW, VConvW, KState, VState, Rows, Q, Kout, Vout, Slots,
     stride_xb, stride_qb, stride_kb, stride_vb, stride_kss, stride_ksk, stride_vss, stride_vsk, eps,
     NH: tl.constexpr, NKV: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
-    K: tl.constexpr, BLOCK_K: tl.constexpr,
+    K: tl.constexpr, BLOCK_K: tl.constexpr, TO_CACHE: tl.constexpr,
 ):  # fmt: skip
     b = tl.program_id(0)
     j = tl.program_id(1)
     offs_d = tl.arange(0, BLOCK_D)
     d_ok = offs_d < D
     x = tl.load(X + b * stride_xb + j * D + offs_d, mask=d_ok, other=0.0)
+    dst = b  # the k / v output row: the token's row, or its KV cache slot
+    if TO_CACHE:
+        dst = tl.load(Slots + b)
     if j < NH:
         q = _head_rmsnorm(x, QNormW, offs_d, d_ok, D, eps)
         tl.store(Q + b * stride_qb + j * D + offs_d, q.to(Q.dtype.element_ty), mask=d_ok)
@@ -66,12 +70,12 @@ def _qkvr_epilogue_kernel(
         row = tl.load(Rows + b)
         y = _head_sconv(x, KConvW, KState, row, stride_kss, stride_ksk, chan, d_ok, K, BLOCK_K).to(x.dtype)
         k = _head_rmsnorm(y, KNormW, offs_d, d_ok, D, eps)
-        tl.store(Kout + b * stride_kb + chan, k.to(Kout.dtype.element_ty), mask=d_ok)
+        tl.store(Kout + dst * stride_kb + chan, k.to(Kout.dtype.element_ty), mask=d_ok)
     else:
         chan = (j - NH - NKV) * D + offs_d
         row = tl.load(Rows + b)
         y = _head_sconv(x, VConvW, VState, row, stride_vss, stride_vsk, chan, d_ok, K, BLOCK_K)
-        tl.store(Vout + b * stride_vb + chan, y.to(Vout.dtype.element_ty), mask=d_ok)
+        tl.store(Vout + dst * stride_vb + chan, y.to(Vout.dtype.element_ty), mask=d_ok)
 
 
 def qkvr_decode_epilogue(
@@ -87,8 +91,11 @@ def qkvr_decode_epilogue(
     v_state: torch.Tensor,
     rows: torch.Tensor,  # [B] conv state slot of each token
     eps: float,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(q [B, NH, D], k [B, NKV, D], v [B, NKV, D], rel [B, NH, R] a view of qkvr)."""
+    kv_cache: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,  # (k_buf, v_buf, slots [B])
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None, torch.Tensor]:
+    """(q [B, NH, D], k [B, NKV, D], v [B, NKV, D], rel [B, NH, R] a view of qkvr). With `kv_cache`
+    ([slots, NKV, D] buffers with contiguous slots), k and v are stored at the given slots instead
+    and returned as None."""
     require_triton()
     bsz, width = qkvr.shape
     nh, nkv, d = num_heads, num_kv_heads, head_dim
@@ -105,17 +112,24 @@ def qkvr_decode_epilogue(
     out_q = torch.promote_types(qkvr.dtype, q_norm.dtype)
     out_k = torch.promote_types(qkvr.dtype, k_norm.dtype)
     q = torch.empty(bsz, nh, d, dtype=out_q, device=qkvr.device)
-    k = torch.empty(bsz, nkv, d, dtype=out_k, device=qkvr.device)
-    v = torch.empty(bsz, nkv, d, dtype=qkvr.dtype, device=qkvr.device)
+    if kv_cache is None:
+        k = torch.empty(bsz, nkv, d, dtype=out_k, device=qkvr.device)
+        v = torch.empty(bsz, nkv, d, dtype=qkvr.dtype, device=qkvr.device)
+        slots = rows
+    else:
+        k, v, slots = kv_cache
+        if any(buf.shape[1:] != (nkv, d) or buf.stride(1) != d or buf.stride(2) != 1 for buf in (k, v)):
+            raise ValueError(f"qkvr epilogue: KV buffers {tuple(k.shape)} / {tuple(v.shape)} for {nkv} heads of {d}")
     rel = qkvr[:, (nh + 2 * nkv) * d :].view(bsz, nh, d_rel)
     if bsz:
         _qkvr_epilogue_kernel[(bsz, nh + 2 * nkv)](
-            qkvr, q_norm, k_norm, k_conv, v_conv, k_state, v_state, rows, q, k, v,
+            qkvr, q_norm, k_norm, k_conv, v_conv, k_state, v_state, rows, q, k, v, slots,
             qkvr.stride(0), q.stride(0), k.stride(0), v.stride(0),
             k_state.stride(0), k_state.stride(1), v_state.stride(0), v_state.stride(1), float(eps),
-            NH=nh, NKV=nkv, D=d, BLOCK_D=next_pow2(d), K=ksz, BLOCK_K=next_pow2(ksz - 1), num_warps=1,
+            NH=nh, NKV=nkv, D=d, BLOCK_D=next_pow2(d), K=ksz, BLOCK_K=next_pow2(ksz - 1),
+            TO_CACHE=kv_cache is not None, num_warps=1,
         )  # fmt: skip
-    return q, k, v, rel
+    return (q, None, None, rel) if kv_cache is not None else (q, k, v, rel)
 
 
 def qkvr_decode_epilogue_ref(

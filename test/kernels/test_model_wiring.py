@@ -186,7 +186,7 @@ def test_unfused_switch_takes_the_old_kernels(model, monkeypatch):
 
     calls = []
     real = attention_mod.qkvr_decode_epilogue
-    monkeypatch.setattr(attention_mod, "qkvr_decode_epilogue", lambda *a: calls.append(1) or real(*a))
+    monkeypatch.setattr(attention_mod, "qkvr_decode_epilogue", lambda *a, **kw: calls.append(1) or real(*a, **kw))
     attn = model.model.llm.layers[0].attn
     kv = attn.spec.num_kv_heads * attn.spec.head_dim
     pool = SConvStatePool(5, {attn.spec.layer_id: (kv, kv, 64, 64)}, 4, DEVICE)

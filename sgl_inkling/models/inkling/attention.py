@@ -90,8 +90,10 @@ class InklingAttention(nn.Module):
             and (capture is None or self.spec.layer_id not in capture)
         )
 
-    def project(self, x: torch.Tensor, batch: ForwardBatch) -> tuple[torch.Tensor, ...]:
-        """(q normed, k convolved and normed, v convolved, rel), each [T, heads, dim]."""
+    def project(self, x: torch.Tensor, batch: ForwardBatch, kv_cache=None) -> tuple[torch.Tensor | None, ...]:
+        """(q normed, k convolved and normed, v convolved, rel), each [T, heads, dim]. On the fused
+        decode path, given `kv_cache` (the backend's kv_destination), k and v go straight into the
+        cache and come back None."""
         s = self.spec
         t = x.shape[0]
         if use_triton(x) and self._fused_decode(batch):
@@ -100,7 +102,7 @@ class InklingAttention(nn.Module):
                 linear(x, self.wqkvr), s.num_heads, s.num_kv_heads, s.head_dim,
                 self.q_norm.weight, self.k_norm.weight, self.k_sconv.weight, self.v_sconv.weight,
                 pool.state(s.layer_id, SCONV_K), pool.state(s.layer_id, SCONV_V), batch.req_pool_indices,
-                self.q_norm.eps,
+                self.q_norm.eps, kv_cache=kv_cache,
             )  # fmt: skip
         q = self.q_norm(self.wq_du(x).view(t, s.num_heads, s.head_dim))
         k = self.k_norm(self.k_sconv(self.wk_dv(x), batch).view(t, s.num_kv_heads, s.head_dim))
@@ -110,7 +112,8 @@ class InklingAttention(nn.Module):
 
     def forward(self, x: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
         s = self.spec
-        q, k, v, rel = self.project(x, batch)
+        fused = use_triton(x) and self._fused_decode(batch)
+        q, k, v, rel = self.project(x, batch, batch.attn_backend.kv_destination(s, batch) if fused else None)
         tau = None
         if self.log_scaling is not None:
             # Long-context query scaling of full layers; the bias is scaled by the same factor.
