@@ -3,7 +3,7 @@
 
     python benchmark/bench_decode_ops.py --batch-sizes 1 64 --result-file benchmark/results/bench_decode_ops.json
 
-Ops: q/k/v/r projection with its convs and norms (full and sliding layers), attention-output conv +
+Ops: q/k/v/r projection with its convs, norms and KV cache store (full and sliding layers), attention-output conv +
 residual + norm, FFN-output conv + residual, router (fp32 GEMM + top-k + sink weights), and decode
 attention at 8K and 128K contexts (full layer) and the 512 window (sliding). Each call of a graph
 gets its own inputs (weights too where they fit the 50 MB L2 many times over), so nothing is
@@ -49,17 +49,20 @@ def qkvr_case(bsz: int, nkv: int, calls: int):
     qn, kn = rnd(HD), rnd(HD)
     kc, vc = rnd(kv, 1, 4, dtype=torch.float32, scale=0.1), rnd(kv, 1, 4, dtype=torch.float32, scale=0.1)
     idx = torch.arange(bsz, device="cuda")
+    k_buf, v_buf = rnd(4 * bsz, nkv, HD), rnd(4 * bsz, nkv, HD)  # the KV cache the new k / v go to
+    loc = torch.randperm(4 * bsz, device="cuda")[:bsz]
 
     def fused(c):
         d = sets[c]
-        qkvr_decode_epilogue(d["x"] @ w.t(), NH, nkv, HD, qn, kn, kc, vc, d["ks"], d["vs"], idx, 1e-6)
+        qkvr_decode_epilogue(d["x"] @ w.t(), NH, nkv, HD, qn, kn, kc, vc, d["ks"], d["vs"], idx, 1e-6,
+                             kv_cache=(k_buf, v_buf, loc))  # fmt: skip
 
     def unfused(c):
         d = sets[c]
         x = d["x"]
         rmsnorm((x @ parts[0].t()).view(bsz, NH, HD), qn, 1e-6)
-        rmsnorm(sconv_decode(x @ parts[1].t(), kc, d["ks"], idx).view(bsz, nkv, HD), kn, 1e-6)
-        sconv_decode(x @ parts[2].t(), vc, d["vs"], idx)
+        k_buf[loc] = rmsnorm(sconv_decode(x @ parts[1].t(), kc, d["ks"], idx).view(bsz, nkv, HD), kn, 1e-6)
+        v_buf[loc] = sconv_decode(x @ parts[2].t(), vc, d["vs"], idx).view(bsz, nkv, HD)
         x @ parts[3].t()
 
     moved = w.numel() * 2 + bsz * (H * 2 + rows * 2 + 2 * kv * 4 * 3 * 2) + 2 * kv * 4 * 4
