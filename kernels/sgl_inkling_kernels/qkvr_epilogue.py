@@ -68,14 +68,15 @@ def _qkvr_epilogue_kernel(
     elif j < NH + NKV:
         chan = (j - NH) * D + offs_d
         row = tl.load(Rows + b)
-        y = _head_sconv(x, KConvW, KState, row, stride_kss, stride_ksk, chan, d_ok, K, BLOCK_K).to(x.dtype)
-        k = _head_rmsnorm(y, KNormW, offs_d, d_ok, D, eps)
-        tl.store(Kout + dst * stride_kb + chan, k.to(Kout.dtype.element_ty), mask=d_ok)
+        # Branch-local names: Triton unifies the types of a name assigned in several branches.
+        conv_k = _head_sconv(x, KConvW, KState, row, stride_kss, stride_ksk, chan, d_ok, K, BLOCK_K).to(x.dtype)
+        normed_k = _head_rmsnorm(conv_k, KNormW, offs_d, d_ok, D, eps)
+        tl.store(Kout + dst * stride_kb + chan, normed_k.to(Kout.dtype.element_ty), mask=d_ok)
     else:
         chan = (j - NH - NKV) * D + offs_d
         row = tl.load(Rows + b)
-        y = _head_sconv(x, VConvW, VState, row, stride_vss, stride_vsk, chan, d_ok, K, BLOCK_K)
-        tl.store(Vout + dst * stride_vb + chan, y.to(Vout.dtype.element_ty), mask=d_ok)
+        conv_v = _head_sconv(x, VConvW, VState, row, stride_vss, stride_vsk, chan, d_ok, K, BLOCK_K)
+        tl.store(Vout + dst * stride_vb + chan, conv_v.to(Vout.dtype.element_ty), mask=d_ok)
 
 
 def qkvr_decode_epilogue(
