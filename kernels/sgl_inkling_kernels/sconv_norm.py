@@ -81,13 +81,15 @@ def _launch(x, conv_w, state, rows, residual, norm_w, eps):
     if norm_w is not None:
         normed = torch.empty(x.shape, dtype=torch.promote_types(summed.dtype, norm_w.dtype), device=x.device)
     if bsz:
-        block_c = min(next_pow2(c), 64 if interpreting() else 1024)
+        # One program streams a whole row (state and conv weights in fp32, ~300 KB at H = 6144): wide
+        # chunks and 16 warps keep enough loads in flight on its SM.
+        block_c = min(next_pow2(c), 64 if interpreting() else 2048)
         _sconv_add_rmsnorm_kernel[(bsz,)](
             x, conv_w, state, rows, residual, norm_w if norm_w is not None else x, summed,
             normed if normed is not None else summed,
             x.stride(0), state.stride(0), state.stride(1), residual.stride(0), summed.stride(0),
             normed.stride(0) if normed is not None else 0, c, float(eps),
-            HAS_NORM=norm_w is not None, K=k, BLOCK_K=next_pow2(k - 1), BLOCK_C=block_c, num_warps=8,
+            HAS_NORM=norm_w is not None, K=k, BLOCK_K=next_pow2(k - 1), BLOCK_C=block_c, num_warps=16,
         )  # fmt: skip
     return normed, summed
 

@@ -22,8 +22,8 @@ def _qkvr(dt, to_cache):
 def _conv_norm(dt, norm):
     ptr = {n: f"*{dt}" for n in ("X", "Res", "NormW", "Summed", "Normed")}
     ptr.update(ConvW="*fp32", State="*fp32", Rows="*i64")
-    return ("sconv_norm", "_sconv_add_rmsnorm_kernel", ptr, dict(HAS_NORM=norm, K=4, BLOCK_K=4, BLOCK_C=1024),
-            ("eps",), 8)  # fmt: skip
+    return ("sconv_norm", "_sconv_add_rmsnorm_kernel", ptr, dict(HAS_NORM=norm, K=4, BLOCK_K=4, BLOCK_C=2048),
+            ("eps",), 16)  # fmt: skip
 
 
 def _router(dt):
