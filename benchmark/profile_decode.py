@@ -1,6 +1,11 @@
 """Where a decode step's time goes, kernel by kernel (torch.profiler), on inkling-slice.
 
-    python benchmark/profile_decode.py --batch-size 1
+    python benchmark/profile_decode.py --batch-size 1 [--unfused | --compare]
+
+`--unfused` profiles the kernels as they were before the decode fusions (sgl_inkling_kernels.
+_triton.unfused_decode); `--compare` profiles both in one run and writes {"unfused": ..., "fused": ...}.
+Per-op floor fractions (time against bytes / 4.3 TB/s) for the fused ops and what they replace
+are in benchmark/bench_decode_ops.py.
 
 Kernel durations do not include launch gaps, so their sum per layer against the layer's floor
 says how far the kernels themselves are from streaming at bandwidth; the difference to the CUDA
@@ -10,6 +15,8 @@ graph step is what launches and gaps cost.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import json
 import sys
 from pathlib import Path
 
@@ -25,6 +32,7 @@ from sgl_inkling.model_executor.model_loader import build_model  # noqa: E402
 from sgl_inkling.model_executor.model_runner import ModelRunner  # noqa: E402
 from sgl_inkling.models.inkling.slice_config import slice_config  # noqa: E402
 from sgl_inkling.models.inkling.weights import init_dummy_weights  # noqa: E402
+from sgl_inkling_kernels._triton import unfused_decode  # noqa: E402
 
 
 def main() -> None:
@@ -33,6 +41,8 @@ def main() -> None:
     p.add_argument("--input-len", type=int, default=1024)
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--out", type=Path, default=None)
+    p.add_argument("--unfused", action="store_true", help="the kernels before the decode fusions")
+    p.add_argument("--compare", action="store_true", help="profile unfused, then fused")
     args = p.parse_args()
     config = slice_config()
     model = build_model(config, torch.bfloat16, torch.device("cuda"))
@@ -47,15 +57,24 @@ def main() -> None:
 
     seqs = Seqs(runner, bsz)
     runner.forward(seqs.batch(rand(args.input_len)))
-    for _ in range(3):
-        runner.forward(seqs.batch(rand(1)))
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(args.steps):
-            runner.forward(seqs.batch(rand(1)))
-        torch.cuda.synchronize()
-    report(f"batch {bsz}, {cfg.num_hidden_layers} layers + head", kernel_rows(prof, args.steps), args.out,
-           {"batch_size": bsz})
+    variants = ["unfused", "fused"] if args.compare else ["unfused" if args.unfused else "fused"]
+    results = {}
+    for name in variants:
+        with unfused_decode() if name == "unfused" else contextlib.nullcontext():
+            for _ in range(3):
+                runner.forward(seqs.batch(rand(1)))
+            torch.cuda.synchronize()
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                for _ in range(args.steps):
+                    runner.forward(seqs.batch(rand(1)))
+                torch.cuda.synchronize()
+        meta = {"batch_size": bsz, "input_len": args.input_len, "kernels_variant": name}
+        rows = kernel_rows(prof, args.steps)
+        title = f"batch {bsz}, {cfg.num_hidden_layers} layers + head, {name}"
+        total = report(title, rows, None if args.compare else args.out, meta)
+        results[name] = {**meta, "kernel_ms_per_step": total, "kernels": rows}
+    if args.compare and args.out:
+        args.out.write_text(json.dumps(results, indent=2))
 
 
 if __name__ == "__main__":

@@ -3,10 +3,14 @@
     decode_attention  paged decode attention: GQA, in-kernel relative bias, window, log scaling
     extend_attention  paged extend (prefill over a cached prefix), same features
     sconv             fused short conv (conv + residual + state update), decode and extend
-    router            expert-sink router (sigmoid + bias top-k, sink renormalisation, scales)
+    router            expert-sink router (sigmoid + bias top-k, sink renormalisation, scales; at decode
+                      with its fp32 GEMM split-K in-kernel)
     fused_moe         grouped-GEMM SwiGLU experts, routed and shared, reading only selected experts
     fused_moe_nvfp4   the same over NVFP4 routed experts (W4A16: codes decoded in registers) + BF16 sinks
     rmsnorm           RMSNorm and fused residual-add + RMSNorm
+    qkvr_epilogue     decode: q norm, K conv + k norm, V conv after the packed q/k/v/r GEMM
+    sconv_norm        decode: output short conv + residual add (+ the next RMSNorm)
+    jit_watch         a hook on Triton compiles (no compile after warm-up)
 
 Importing this package does not import Triton; the modules do, and fall back to stand-ins (their
 torch references still work) where Triton is missing. `_triton.use_triton(t)` is the dispatch rule

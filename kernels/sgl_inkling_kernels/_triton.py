@@ -86,6 +86,26 @@ def kernel_dispatch(kernels: bool) -> Iterator[None]:
         _FORCED = saved
 
 
+_FUSED_DECODE = True  # the decode fusions (packed q/k/v/r, conv + add + norm, router GEMM in-kernel)
+
+
+def fused_decode() -> bool:
+    """Whether model code takes the fused decode kernels (True unless inside `unfused_decode`)."""
+    return _FUSED_DECODE
+
+
+@contextlib.contextmanager
+def unfused_decode() -> Iterator[None]:
+    """Within the block, decode runs the kernels as they were before the decode fusions (one per
+    projection, norm and conv; torch's router GEMM): the "before" of profile and bench scripts."""
+    global _FUSED_DECODE
+    saved, _FUSED_DECODE = _FUSED_DECODE, False
+    try:
+        yield
+    finally:
+        _FUSED_DECODE = saved
+
+
 def require_triton() -> None:
     if not HAS_TRITON:
         raise RuntimeError("this kernel needs Triton, which is not installed")

@@ -20,7 +20,7 @@ from sgl_inkling_kernels._triton import dot_mode, interpreting, mm, next_pow2, r
 from sgl_inkling_kernels.attention_ref import paged_attention_ref
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_splits"])  # batch-dependent ints: no recompiles
 def _decode_split_kernel(
     Q, K, V, ReqToTok, ReqIdx, Pos, Rel, Table, Tau, PartO, PartLse,
     stride_qb, stride_qh, stride_ks, stride_kh, stride_vs, stride_vh, stride_rt,
@@ -97,7 +97,7 @@ def _decode_split_kernel(
     tl.store(PartLse + b * stride_lb + heads * stride_lh + split, lse, mask=g_ok)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_splits"])  # batch-dependent ints: no recompiles
 def _decode_merge_kernel(
     PartO, PartLse, Out,
     stride_pob, stride_poh, stride_pos, stride_lb, stride_lh, stride_ob, num_splits,
@@ -177,7 +177,7 @@ def decode_attention(
         part_o, part_lse, out,
         part_o.stride(0), part_o.stride(1), part_o.stride(2), part_lse.stride(0), part_lse.stride(1),
         out.stride(0), num_splits,
-        D=dim, BLOCK_D=block_d, BLOCK_S=next_pow2(num_splits),
+        D=dim, BLOCK_D=block_d, BLOCK_S=next_pow2(num_splits, 64),  # 64: one compile for every split count
         num_warps=4,
     )  # fmt: skip
     return out

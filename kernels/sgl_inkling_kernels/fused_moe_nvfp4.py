@@ -51,7 +51,7 @@ def _rows(pid_m, Pairs, BlockExpert, num_pairs, T, n_sink_blocks, TOPK: tl.const
     return tok, valid, arow, e, s
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_pairs", "T", "n_sink_blocks"])  # batch-dependent ints: no recompiles
 def _up_kernel(
     X, C13, S13, G13, SW13, Pairs, BlockExpert, Act,
     s_xt, s_ce, s_cr, s_se, s_sr, s_we, s_wr, s_at, H, N_INTER, num_pairs, T, n_sink_blocks,
@@ -96,7 +96,7 @@ def _up_kernel(
              mask=valid[:, None] & n_ok[None, :])  # fmt: skip
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_pairs", "T", "n_sink_blocks"])  # batch-dependent ints: no recompiles
 def _down_kernel(
     Act, C2, S2, G2, SW2, Pairs, BlockExpert, Weights, SinkWeights, Out,
     s_at, s_ce, s_cr, s_se, s_sr, s_we, s_wr, s_gt, s_ot, s_os, H, N_INTER, num_pairs, T, n_sink_blocks,

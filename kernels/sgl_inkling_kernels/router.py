@@ -4,7 +4,12 @@
 Selection: top-k of sigmoid(l_i) + bias_i over routed experts only (the bias steers selection,
 never weights). Weights: over the k chosen plus all S shared experts,
 w_a = sigmoid(l_a) / sum sigmoid(l_a'), computed as a softmax of log-sigmoids (no underflow for very
-negative logits), times route_scale * global_scale. The router GEMM itself stays in torch.
+negative logits), times route_scale * global_scale.
+
+`route` takes logits from a torch GEMM (extend); `route_decode` computes them itself for a decode
+step: the fp32 GEMM reads x in its own dtype (no converted copy) and splits the hidden dimension
+over programs so one token still spreads its 258 x H fp32 weight reads over the SMs; the routing
+program sums the splits in a fixed order (deterministic, no atomics).
 """
 
 from __future__ import annotations
@@ -12,7 +17,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from sgl_inkling_kernels._triton import next_pow2, require_triton, tl, triton
+from sgl_inkling_kernels._triton import dot_mode, interpreting, mm, next_pow2, require_triton, tl, triton
 
 
 @triton.jit
@@ -21,17 +26,19 @@ def _logsigmoid(x):
     return tl.minimum(x, 0.0) - tl.log(1.0 + tl.exp(-tl.abs(x)))
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["stride_lp"])  # batch-dependent ints: no recompiles
 def _router_kernel(
     Logits, Bias, GlobalScale, Ids, Weights, SharedWeights,
-    stride_lt, route_scale,
-    E: tl.constexpr, S: tl.constexpr, TOPK: tl.constexpr,
+    stride_lt, stride_lp, route_scale,
+    E: tl.constexpr, S: tl.constexpr, TOPK: tl.constexpr, PARTS: tl.constexpr,
     BLOCK_E: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
     t = tl.program_id(0)
     offs_e = tl.arange(0, BLOCK_E)
     e_ok = offs_e < E
     logits = tl.load(Logits + t * stride_lt + offs_e, mask=e_ok, other=0.0)
+    for part in tl.static_range(1, PARTS):  # split-K partial sums, in order
+        logits += tl.load(Logits + part * stride_lp + t * stride_lt + offs_e, mask=e_ok, other=0.0)
     score = tl.sigmoid(logits) + tl.load(Bias + offs_e, mask=e_ok, other=0.0)
     score = tl.where(e_ok, score, float("-inf"))
     offs_k = tl.arange(0, BLOCK_K)
@@ -47,7 +54,10 @@ def _router_kernel(
 
     offs_s = tl.arange(0, BLOCK_S)
     s_ok = offs_s < S
-    shared = _logsigmoid(tl.load(Logits + t * stride_lt + E + offs_s, mask=s_ok, other=0.0))
+    shared = tl.load(Logits + t * stride_lt + E + offs_s, mask=s_ok, other=0.0)
+    for part in tl.static_range(1, PARTS):
+        shared += tl.load(Logits + part * stride_lp + t * stride_lt + E + offs_s, mask=s_ok, other=0.0)
+    shared = _logsigmoid(shared)
     shared = tl.where(s_ok, shared, float("-inf"))
     m = tl.maximum(tl.max(chosen, 0), tl.max(shared, 0))
     p_chosen = tl.exp(chosen - m)
@@ -60,7 +70,7 @@ def _router_kernel(
 
 
 def route(
-    logits: torch.Tensor,  # [T, E + S] fp32
+    logits: torch.Tensor,  # [T, E + S] fp32, or [P, T, E + S] split-K partial sums
     bias: torch.Tensor,  # [E] fp32 selection bias
     global_scale: torch.Tensor,  # [1] (a tensor, so no host sync)
     top_k: int,
@@ -69,21 +79,84 @@ def route(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(ids [T, k] int64, weights [T, k], shared weights [T, S]); weights in out_dtype."""
     require_triton()
-    t, total = logits.shape
+    parts = logits.reshape(-1, *logits.shape[-2:])
+    _, t, total = parts.shape
     n_routed = bias.shape[0]
     n_shared = total - n_routed
-    logits = logits.float() if logits.stride(-1) == 1 else logits.float().contiguous()
+    parts = parts.float() if parts.stride(-1) == 1 else parts.float().contiguous()
     ids = torch.empty(t, top_k, dtype=torch.int64, device=logits.device)
     weights = torch.empty(t, top_k, dtype=out_dtype, device=logits.device)
     shared = torch.empty(t, n_shared, dtype=out_dtype, device=logits.device)
     if t == 0:
         return ids, weights, shared
     _router_kernel[(t,)](
-        logits, bias.float(), global_scale, ids, weights, shared, logits.stride(0), float(route_scale),
-        E=n_routed, S=n_shared, TOPK=top_k, BLOCK_E=next_pow2(n_routed), BLOCK_S=next_pow2(max(n_shared, 1)),
-        BLOCK_K=next_pow2(top_k), num_warps=4,
+        parts, bias.float(), global_scale, ids, weights, shared, parts.stride(1), parts.stride(0),
+        float(route_scale), E=n_routed, S=n_shared, TOPK=top_k, PARTS=parts.shape[0],
+        BLOCK_E=next_pow2(n_routed), BLOCK_S=next_pow2(max(n_shared, 1)), BLOCK_K=next_pow2(top_k), num_warps=4,
     )  # fmt: skip
     return ids, weights, shared
+
+
+@triton.jit(do_not_specialize=["T", "stride_op"])  # batch-dependent ints: no recompiles
+def _router_gemm_kernel(
+    X, W, Out, T, N, H,
+    stride_xt, stride_wn, stride_op, stride_ot, chunk,
+    BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_H: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr,
+):  # fmt: skip
+    """Out[p, t, n] = sum over this program's share p of the hidden dim of x[t, h] * w[n, h], fp32."""
+    offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    part = tl.program_id(1)
+    offs_t = tl.program_id(2) * BLOCK_T + tl.arange(0, BLOCK_T)
+    n_ok = offs_n < N
+    t_ok = offs_t < T
+    acc = tl.zeros([BLOCK_T, BLOCK_N], tl.float32)
+    h_end = tl.minimum(part * chunk + chunk, H)
+    for h0 in range(part * chunk, h_end, BLOCK_H):
+        offs_h = h0 + tl.arange(0, BLOCK_H)
+        h_ok = offs_h < h_end
+        x = tl.load(X + offs_t[:, None] * stride_xt + offs_h[None, :], mask=t_ok[:, None] & h_ok[None, :], other=0.0)
+        w = tl.load(W + offs_n[None, :] * stride_wn + offs_h[:, None], mask=n_ok[None, :] & h_ok[:, None], other=0.0)
+        acc += mm(x.to(tl.float32), w, UPCAST, PREC)
+    tl.store(Out + part * stride_op + offs_t[:, None] * stride_ot + offs_n[None, :], acc,
+             mask=t_ok[:, None] & n_ok[None, :])  # fmt: skip
+
+
+def router_logits_split(x: torch.Tensor, weight: torch.Tensor, parts: int | None = None) -> torch.Tensor:
+    """Partial fp32 router logits [P, T, E + S] of x [T, H] (any float dtype) and weight [E + S, H]
+    fp32; their sum over P is x @ weight.T. P defaults to enough hidden-dim splits to occupy the GPU."""
+    require_triton()
+    t, h = x.shape
+    n = weight.shape[0]
+    x = x if x.stride(-1) == 1 else x.contiguous()
+    if weight.dtype != torch.float32 or weight.stride(-1) != 1:
+        raise ValueError("router_logits_split: the router weight must be fp32 with contiguous rows")
+    block_n, block_t = 16, 16
+    block_h = 32 if interpreting() else 128
+    if parts is None:
+        parts = max(1, min(h // 512, 16))  # 17 x 12 programs for Inkling's 258 x 6144 at batch <= 16
+    per = -(-h // parts)
+    chunk = -(-per // block_h) * block_h  # a whole number of BLOCK_H per split
+    parts = -(-h // chunk)
+    out = torch.empty(parts, t, n, dtype=torch.float32, device=x.device)
+    if t:
+        _, prec = dot_mode(torch.float32)
+        _router_gemm_kernel[(triton.cdiv(n, block_n), parts, triton.cdiv(t, block_t))](
+            x, weight, out, t, n, h, x.stride(0), weight.stride(0), out.stride(0), out.stride(1), chunk,
+            BLOCK_T=block_t, BLOCK_N=block_n, BLOCK_H=block_h, UPCAST=interpreting(), PREC=prec, num_warps=4,
+        )  # fmt: skip
+    return out
+
+
+def route_decode(
+    x: torch.Tensor,  # [T, H] the FFN input, in the activations' dtype
+    weight: torch.Tensor,  # [E + S, H] fp32 router weight
+    bias: torch.Tensor,
+    global_scale: torch.Tensor,
+    top_k: int,
+    route_scale: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`route` of x @ weight.T in fp32, GEMM included (two launches, no torch glue)."""
+    return route(router_logits_split(x, weight), bias, global_scale, top_k, route_scale, x.dtype)
 
 
 def route_ref(

@@ -49,7 +49,9 @@ def build_model(
     """
     with _default_dtype(dtype), torch.device("meta"):
         model = InklingForCausalLM(config, modalities)
-    return model.to_empty(device=device).eval()
+    model = model.to_empty(device=device).eval()
+    model.pack_weights()  # after to_empty, which replaces every parameter
+    return model
 
 
 def resolve_modalities(

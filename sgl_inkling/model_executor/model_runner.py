@@ -43,7 +43,10 @@ class ModelRunner:
         max_swa_tokens: int | None = None,
         attention_backend: str = "torch_native",
         cuda_graph_max_bs: int = 0,
+        kernel_warmup: bool = True,
     ):
+        """`kernel_warmup`: on CUDA with the triton backend, compile every kernel serving can reach
+        before the first request (model_executor/kernel_warmup.py)."""
         if attention_backend not in ATTENTION_BACKENDS:
             raise ValueError(
                 f"unknown attention backend {attention_backend!r}; choose from {list(ATTENTION_BACKENDS)}"
@@ -78,6 +81,10 @@ class ModelRunner:
             self.req_to_token, self.full_pool, self.swa_pool
         )
         self.faults = FaultInjector()  # test-only failure injection (off unless its env var is set)
+        if kernel_warmup and attention_backend == "triton" and self.device.type == "cuda":
+            from sgl_inkling.model_executor.kernel_warmup import warm_up_kernels
+
+            warm_up_kernels(self, max_running_requests)
         self.graphs = None
         if cuda_graph_max_bs > 0 and self.device.type == "cuda":
             from sgl_inkling.model_executor.cuda_graph_runner import CudaGraphRunner

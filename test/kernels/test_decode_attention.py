@@ -70,3 +70,20 @@ def test_decode_bias_is_used():
     without, want = _run(case, window, 1.0 / dim)
     torch.testing.assert_close(without, want, atol=2e-4, rtol=2e-4)
     assert (with_bias - without).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("context,batch", [(8192, 1), (8192, 2), (131072, 1)])
+def test_decode_long_context_split_over_sms(context, batch):
+    """8K and 128K contexts with the split count serving picks for an H200 (132 SMs), full-layer
+    features (bias extent 1024, log scaling): the splits and their merge equal the reference. Small
+    head dims and wide key blocks keep the interpreter fast; one sequence of the batch is short."""
+    from sgl_inkling_kernels.decode_attention import default_num_splits
+
+    heads, kv, dim, d_rel, extent = (64, 8, 128, 16, 1024) if CUDA else (4, 2, 16, 4, 1024)
+    block_n = 64 if CUDA else 1024
+    positions = [context - 1, 300][:batch]
+    case = make_case(positions, [1] * batch, heads, kv, dim, d_rel, extent, True, torch.float32, DEVICE, seed=context)
+    splits = default_num_splits(batch, kv, context, block_n, 132)
+    assert splits > 1
+    got, want = _run(case, None, 1.0 / dim, num_splits=splits, block_n=block_n)
+    torch.testing.assert_close(got, want, atol=2e-4, rtol=2e-4)

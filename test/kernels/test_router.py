@@ -60,3 +60,32 @@ def test_router_bias_steers_selection_only():
     # Expert 5's weight reflects its low logit (-4), not the bias that selected it.
     w5 = (w * (ids == 5)).sum(-1)
     assert (w5 < w.max(-1).values).all()
+
+
+@pytest.mark.parametrize("t", [1, 3, 20])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("parts", [None, 1, 3])
+def test_route_decode_includes_the_gemm(t, dtype, parts):
+    """The split-K fp32 router GEMM (x read in its own dtype) + routing vs torch's fp32 GEMM + the
+    reference routing; the partial sums add up to the GEMM."""
+    from sgl_inkling_kernels.router import route_decode, router_logits_split
+
+    e, s, k, h = (256, 2, 6, 6144) if CUDA else (60, 3, 7, 1100)  # 1100: ragged splits
+    g = torch.Generator().manual_seed(t + h)
+    x = torch.randn(t, h, generator=g).to(DEVICE, dtype)
+    w = (0.1 * torch.randn(e + s, h, generator=g)).to(DEVICE)
+    bias = (0.5 * torch.randn(e, generator=g)).to(DEVICE)
+    gscale = torch.tensor([1.3]).to(DEVICE)
+    logits = x.float() @ w.t()
+    split = router_logits_split(x, w, parts)
+    assert split.shape[0] > 1 or parts == 1
+    torch.testing.assert_close(split.sum(0), logits, atol=1e-4, rtol=1e-4)
+    ids, wts, sh = route_decode(x, w, bias, gscale, k, 8.0) if parts is None else route(
+        split, bias, gscale, k, 8.0, dtype
+    )
+    ids_r, wts_r, sh_r = route_ref(logits, bias, gscale, k, 8.0, dtype)
+    got, want = _sorted(ids, wts), _sorted(ids_r, wts_r)
+    assert torch.equal(got[0], want[0])
+    tol = 1e-5 if dtype == torch.float32 else 1e-2
+    torch.testing.assert_close(got[1].float(), want[1].float(), atol=tol, rtol=tol)
+    torch.testing.assert_close(sh.float(), sh_r.float(), atol=tol, rtol=tol)

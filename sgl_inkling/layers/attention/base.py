@@ -33,6 +33,12 @@ class AttentionBackend(ABC):
         self.full_pool = full_pool
         self.swa_pool = swa_pool
 
+    def kv_destination(self, spec: AttnLayerSpec, batch: ForwardBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(k_buf, v_buf, slots [T]): where this batch's new keys and values of the layer go."""
+        pool, _ = self.pool_of(spec)
+        k_buf, v_buf = pool.buffers(spec.layer_id)
+        return k_buf, v_buf, batch.out_loc_swa if spec.sliding else batch.out_loc
+
     def pool_of(self, spec: AttnLayerSpec, table_offset: int = 0) -> tuple[KVPool, torch.Tensor]:
         """The KV pool and req-to-token table (shifted by `table_offset` columns) of this layer."""
         pool, table = (self.swa_pool, self.req_to_token.swa) if spec.sliding else (self.full_pool, self.req_to_token.full)
@@ -46,8 +52,10 @@ class AttentionBackend(ABC):
     def forward(
         self,
         q: torch.Tensor,  # [T, heads, head_dim], log scaling already applied
-        k: torch.Tensor,  # [T, kv_heads, head_dim] keys of the new tokens (stored by the backend)
-        v: torch.Tensor,  # [T, kv_heads, head_dim]
+        # [T, kv_heads, head_dim] keys / values of the new tokens, stored by the backend; None when
+        # the caller already wrote them into the pool at the batch's out_loc (the fused decode epilogue)
+        k: torch.Tensor | None,
+        v: torch.Tensor | None,
         rel: torch.Tensor,  # [T, heads, d_rel] per-token relative states r = W_r h
         rel_table: torch.Tensor,  # [d_rel, rel_extent] the layer's bias-vs-distance profiles
         tau: torch.Tensor | None,  # [T] log-scaling factor of each query (also scales the bias)

@@ -55,7 +55,8 @@ class TorchNativeBackend(AttentionBackend):
     def forward(self, q, k, v, rel, rel_table, tau, spec: AttnLayerSpec, batch: ForwardBatch):
         pool, table = self.pool_of(spec, batch.table_offset)
         loc = batch.out_loc_swa if spec.sliding else batch.out_loc
-        pool.write(spec.layer_id, loc, k, v)
+        if k is not None:
+            pool.write(spec.layer_id, loc, k, v)
         k_buf, v_buf = pool.buffers(spec.layer_id)
 
         groups = spec.num_heads // spec.num_kv_heads

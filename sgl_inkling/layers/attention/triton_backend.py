@@ -49,7 +49,8 @@ class TritonBackend(AttentionBackend):
 
     def forward(self, q, k, v, rel, rel_table, tau, spec: AttnLayerSpec, batch: ForwardBatch) -> torch.Tensor:
         pool, table = self.pool_of(spec, batch.table_offset)
-        pool.write(spec.layer_id, batch.out_loc_swa if spec.sliding else batch.out_loc, k, v)
+        if k is not None:  # else the fused decode epilogue stored them
+            pool.write(spec.layer_id, batch.out_loc_swa if spec.sliding else batch.out_loc, k, v)
         k_buf, v_buf = pool.buffers(spec.layer_id)
         if batch.mode is ForwardMode.DECODE or self._as_decode is not None:
             rows, positions = self._as_decode or (batch.req_pool_indices, batch.positions)

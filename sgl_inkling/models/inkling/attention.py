@@ -8,12 +8,14 @@ from torch import nn
 from sgl_inkling.distributed.parallel_state import get_parallel
 from sgl_inkling.distributed.sharding import declare, local, on_dim, split, split_kv_heads
 from sgl_inkling.layers.attention.base import AttnLayerSpec
-from sgl_inkling.layers.linear import Linear
+from sgl_inkling.layers.linear import Linear, linear
 from sgl_inkling.mem_cache.memory_pool import SCONV_K, SCONV_V
-from sgl_inkling.model_executor.forward_batch import ForwardBatch
+from sgl_inkling.model_executor.forward_batch import ForwardBatch, ForwardMode
 from sgl_inkling.models.inkling.config import InklingTextConfig
 from sgl_inkling.models.inkling.norm import RMSNorm
 from sgl_inkling.models.inkling.sconv import ShortConv
+from sgl_inkling_kernels._triton import fused_decode, use_triton
+from sgl_inkling_kernels.qkvr_epilogue import qkvr_decode_epilogue
 
 
 class RelLogitsProj(nn.Module):
@@ -62,14 +64,56 @@ class InklingAttention(nn.Module):
         for mod in (self.wk_dv, self.wv_dv, self.k_sconv, self.v_sconv):
             declare(mod, "weight", kv)
         declare(self.wo_ud, "weight", on_dim(heads, 1))
+        self.wqkvr: torch.Tensor | None = None
 
-    def forward(self, x: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
+    def pack_projections(self) -> None:
+        """Make the q/k/v/r weights row blocks of one [rows, H] tensor, so a decode step reads them in
+        one GEMM. Called once on the materialised model, before loading: the loader and dummy init
+        copy into the four parameters (same names and shapes), which are views of `wqkvr`."""
+        mods = (self.wq_du, self.wk_dv, self.wv_dv, self.wr_du)
+        packed = torch.cat([m.weight.detach() for m in mods])
+        start = 0
+        for m in mods:
+            n = m.weight.shape[0]
+            m.weight = nn.Parameter(packed[start : start + n], requires_grad=m.weight.requires_grad)
+            start += n
+        self.wqkvr = packed  # a plain attribute: not a parameter, so no loader ever sees it
+
+    def _fused_decode(self, batch: ForwardBatch) -> bool:
+        """The packed GEMM + epilogue kernel serve plain decode steps; MTP's conv capture needs the
+        per-stream path (it records each conv's inputs)."""
+        capture = batch.sconv_capture
+        return (
+            self.wqkvr is not None
+            and fused_decode()
+            and batch.mode is ForwardMode.DECODE
+            and (capture is None or self.spec.layer_id not in capture)
+        )
+
+    def project(self, x: torch.Tensor, batch: ForwardBatch, kv_cache=None) -> tuple[torch.Tensor | None, ...]:
+        """(q normed, k convolved and normed, v convolved, rel), each [T, heads, dim]. On the fused
+        decode path, given `kv_cache` (the backend's kv_destination), k and v go straight into the
+        cache and come back None."""
         s = self.spec
         t = x.shape[0]
+        if use_triton(x) and self._fused_decode(batch):
+            pool = batch.sconv_pool
+            return qkvr_decode_epilogue(
+                linear(x, self.wqkvr), s.num_heads, s.num_kv_heads, s.head_dim,
+                self.q_norm.weight, self.k_norm.weight, self.k_sconv.weight, self.v_sconv.weight,
+                pool.state(s.layer_id, SCONV_K), pool.state(s.layer_id, SCONV_V), batch.req_pool_indices,
+                self.q_norm.eps, kv_cache=kv_cache,
+            )  # fmt: skip
         q = self.q_norm(self.wq_du(x).view(t, s.num_heads, s.head_dim))
         k = self.k_norm(self.k_sconv(self.wk_dv(x), batch).view(t, s.num_kv_heads, s.head_dim))
         v = self.v_sconv(self.wv_dv(x), batch).view(t, s.num_kv_heads, s.head_dim)
         rel = self.wr_du(x).view(t, s.num_heads, self.d_rel)
+        return q, k, v, rel
+
+    def forward(self, x: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
+        s = self.spec
+        fused = use_triton(x) and self._fused_decode(batch)
+        q, k, v, rel = self.project(x, batch, batch.attn_backend.kv_destination(s, batch) if fused else None)
         tau = None
         if self.log_scaling is not None:
             # Long-context query scaling of full layers; the bias is scaled by the same factor.

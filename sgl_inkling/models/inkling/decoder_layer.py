@@ -13,14 +13,15 @@ from sgl_inkling.distributed.collectives import all_gather_hidden, reduce_scatte
 from sgl_inkling.distributed.parallel_state import get_parallel
 from sgl_inkling.distributed.sharding import declare, local, split
 from sgl_inkling.mem_cache.memory_pool import SCONV_ATTN, SCONV_MLP
-from sgl_inkling.model_executor.forward_batch import ForwardBatch
+from sgl_inkling.model_executor.forward_batch import ForwardBatch, ForwardMode
 from sgl_inkling.models.inkling.attention import InklingAttention
 from sgl_inkling.models.inkling.config import SPARSE, InklingTextConfig
 from sgl_inkling.models.inkling.moe import DenseMLP, MoE
 from sgl_inkling.models.inkling.norm import RMSNorm
 from sgl_inkling.models.inkling.sconv import ShortConv
-from sgl_inkling_kernels._triton import use_triton
+from sgl_inkling_kernels._triton import fused_decode, use_triton
 from sgl_inkling_kernels.rmsnorm import fused_add_rmsnorm
+from sgl_inkling_kernels.sconv_norm import sconv_add_decode, sconv_add_rmsnorm_decode
 
 
 class DecoderLayer(nn.Module):
@@ -41,8 +42,33 @@ class DecoderLayer(nn.Module):
         """The four convs in pool stream order (SCONV_K, SCONV_V, SCONV_ATTN, SCONV_MLP)."""
         return self.attn.k_sconv, self.attn.v_sconv, self.attn_sconv, self.mlp_sconv
 
+    def _fused_decode(self, batch: ForwardBatch) -> bool:
+        """Plain decode at TP 1 fuses each output conv with the residual add (and the FFN's norm);
+        under TP the conv runs on a reduce-scattered shard, and MTP's conv capture needs the module."""
+        capture = batch.sconv_capture
+        return (
+            fused_decode()
+            and batch.mode is ForwardMode.DECODE
+            and get_parallel().tp_size == 1
+            and (capture is None or self.attn.spec.layer_id not in capture)
+        )
+
     def forward(self, h: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
         a = self.attn(self.attn_norm(h), batch)
+        if use_triton(h) and self._fused_decode(batch):
+            pool, rows, lid = batch.sconv_pool, batch.req_pool_indices, self.attn.spec.layer_id
+            m_in, h = sconv_add_rmsnorm_decode(
+                a,
+                self.attn_sconv.weight,
+                pool.state(lid, SCONV_ATTN),
+                rows,
+                h,
+                self.mlp_norm.weight,
+                self.mlp_norm.eps,
+            )
+            return sconv_add_decode(
+                self.mlp(m_in), self.mlp_sconv.weight, pool.state(lid, SCONV_MLP), rows, h
+            )
         a = all_gather_hidden(self.attn_sconv(reduce_scatter_hidden(a), batch))
         if use_triton(h):
             m_in, h = fused_add_rmsnorm(a, h, self.mlp_norm.weight, self.mlp_norm.eps)

@@ -77,6 +77,11 @@ class InklingForCausalLM(nn.Module):
         """Every attention module, trunk first, with its pool layer id in `.spec`."""
         return [b.attn for b in self.decoder_layers()]
 
+    def pack_weights(self) -> None:
+        """Lay weights out for the fused kernels (once, on the materialised model, before loading)."""
+        for attn in self.attention_layers():
+            attn.pack_projections()
+
     def sconv_channels(self) -> dict[int, tuple[int, ...]]:
         """Per pool layer id, the channels this rank's four short convs hold (shards under TP)."""
         return {b.attn.spec.layer_id: tuple(c.weight.shape[0] for c in b.sconvs()) for b in self.decoder_layers()}

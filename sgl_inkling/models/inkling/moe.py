@@ -18,12 +18,15 @@ from sgl_inkling.distributed.sharding import Shard, declare, local, split
 from sgl_inkling.layers.linear import Linear, linear
 from sgl_inkling.models.inkling.config import InklingTextConfig
 from sgl_inkling.models.inkling.quant_config import NVFP4
-from sgl_inkling_kernels._triton import use_triton
+from sgl_inkling_kernels._triton import fused_decode, use_triton
 from sgl_inkling_kernels.fused_moe import fused_moe
 from sgl_inkling_kernels.nvfp4 import BLOCK, dequantize_nvfp4
-from sgl_inkling_kernels.router import route
+from sgl_inkling_kernels.router import route, route_decode
 
 FP8 = torch.float8_e4m3fn
+# Up to this many tokens (decode batches) the router's fp32 GEMM runs split-K in our kernel, which
+# reads x in its dtype; longer inputs (prefill) go to cuBLAS on an fp32 copy.
+FUSED_ROUTER_MAX_TOKENS = 64
 
 
 def swiglu_interleaved(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor) -> torch.Tensor:
@@ -184,9 +187,12 @@ class MoE(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if use_triton(x):  # fused routing and one grouped GEMM over routed + shared experts
             g, e, s = self.gate, self.experts, self.shared_experts
-            ids, w, gam = route(
-                linear(x.float(), g.weight.float()), g.bias, g.global_scale, g.top_k, g.route_scale, x.dtype
-            )
+            if x.shape[0] <= FUSED_ROUTER_MAX_TOKENS and fused_decode():  # decode: the router GEMM in the routing kernels
+                ids, w, gam = route_decode(x, g.weight, g.bias, g.global_scale, g.top_k, g.route_scale)
+            else:
+                ids, w, gam = route(
+                    linear(x.float(), g.weight.float()), g.bias, g.global_scale, g.top_k, g.route_scale, x.dtype
+                )
             foreign = get_parallel().ep_size > 1
             if e.nvfp4:  # W4A16: codes and scales expanded to x.dtype in registers
                 from sgl_inkling_kernels.fused_moe_nvfp4 import fused_moe_nvfp4

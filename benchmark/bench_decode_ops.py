@@ -1,0 +1,174 @@
+"""The small decode ops of one Inkling layer at full width, fused (the current kernels) and unfused
+(the launches they replaced), each against its bandwidth floor: bytes that must move / 4.3 TB/s.
+
+    python benchmark/bench_decode_ops.py --batch-sizes 1 64 --result-file benchmark/results/bench_decode_ops.json
+
+Ops: q/k/v/r projection with its convs, norms and KV cache store (full and sliding layers), attention-output conv +
+residual + norm, FFN-output conv + residual, router (fp32 GEMM + top-k + sink weights), and decode
+attention at 8K and 128K contexts (full layer) and the 512 window (sliding). Each call of a graph
+gets its own inputs (weights too where they fit the 50 MB L2 many times over), so nothing is
+served from the L2 that a real step would stream. Timed with `bench_moe_nvfp4.time_graph`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "kernels"), str(ROOT / "python")]
+
+from benchmark.bench_moe_nvfp4 import PEAK_TBS, time_graph  # noqa: E402
+from benchmark.bench_one_batch import git_commit  # noqa: E402
+from sgl_inkling_kernels.decode_attention import decode_attention, default_num_splits  # noqa: E402
+from sgl_inkling_kernels.qkvr_epilogue import qkvr_decode_epilogue  # noqa: E402
+from sgl_inkling_kernels.rmsnorm import fused_add_rmsnorm, rmsnorm  # noqa: E402
+from sgl_inkling_kernels.router import route, route_decode  # noqa: E402
+from sgl_inkling_kernels.sconv import sconv_decode  # noqa: E402
+from sgl_inkling_kernels.sconv_norm import sconv_add_decode, sconv_add_rmsnorm_decode  # noqa: E402
+
+H, NH, HD, DREL, E, S, TOPK = 6144, 64, 128, 16, 256, 2, 6
+BF = torch.bfloat16
+
+
+def rnd(*shape, dtype=BF, scale=1.0):
+    return (torch.randn(*shape, device="cuda") * scale).to(dtype)
+
+
+def qkvr_case(bsz: int, nkv: int, calls: int):
+    kv = nkv * HD
+    rows = NH * HD + 2 * kv + NH * DREL
+    w = rnd(rows, H, scale=0.02)  # 163 MB or more: streams from HBM every call
+    parts = w.split([NH * HD, kv, kv, NH * DREL])
+    sets = [dict(x=rnd(bsz, H), ks=rnd(bsz, 3, kv, dtype=torch.float32), vs=rnd(bsz, 3, kv, dtype=torch.float32))
+            for _ in range(calls)]  # fmt: skip
+    qn, kn = rnd(HD), rnd(HD)
+    kc, vc = rnd(kv, 1, 4, dtype=torch.float32, scale=0.1), rnd(kv, 1, 4, dtype=torch.float32, scale=0.1)
+    idx = torch.arange(bsz, device="cuda")
+    k_buf, v_buf = rnd(4 * bsz, nkv, HD), rnd(4 * bsz, nkv, HD)  # the KV cache the new k / v go to
+    loc = torch.randperm(4 * bsz, device="cuda")[:bsz]
+
+    def fused(c):
+        d = sets[c]
+        qkvr_decode_epilogue(d["x"] @ w.t(), NH, nkv, HD, qn, kn, kc, vc, d["ks"], d["vs"], idx, 1e-6,
+                             kv_cache=(k_buf, v_buf, loc))  # fmt: skip
+
+    def unfused(c):
+        d = sets[c]
+        x = d["x"]
+        rmsnorm((x @ parts[0].t()).view(bsz, NH, HD), qn, 1e-6)
+        k_buf[loc] = rmsnorm(sconv_decode(x @ parts[1].t(), kc, d["ks"], idx).view(bsz, nkv, HD), kn, 1e-6)
+        v_buf[loc] = sconv_decode(x @ parts[2].t(), vc, d["vs"], idx).view(bsz, nkv, HD)
+        x @ parts[3].t()
+
+    moved = w.numel() * 2 + bsz * (H * 2 + rows * 2 + 2 * kv * 4 * 3 * 2) + 2 * kv * 4 * 4
+    return fused, unfused, moved
+
+
+def conv_norm_case(bsz: int, calls: int, norm: bool):
+    sets = [dict(a=rnd(bsz, H), h=rnd(bsz, H), st=rnd(bsz, 3, H, dtype=torch.float32)) for _ in range(calls)]
+    conv, nw = rnd(H, 1, 4, dtype=torch.float32, scale=0.1), rnd(H)
+    idx = torch.arange(bsz, device="cuda")
+
+    def fused(c):
+        d = sets[c]
+        if norm:
+            sconv_add_rmsnorm_decode(d["a"], conv, d["st"], idx, d["h"], nw, 1e-6)
+        else:
+            sconv_add_decode(d["a"], conv, d["st"], idx, d["h"])
+
+    def unfused(c):
+        d = sets[c]
+        y = sconv_decode(d["a"], conv, d["st"], idx)
+        if norm:
+            fused_add_rmsnorm(y, d["h"], nw, 1e-6)
+        else:
+            d["h"] + y
+
+    moved = bsz * H * 2 * (3 + norm) + bsz * 3 * H * 4 * 2 + H * 4 * 4 + norm * H * 2
+    return fused, unfused, moved
+
+
+def router_case(bsz: int, calls: int):
+    sets = [dict(x=rnd(bsz, H), w=rnd(E + S, H, dtype=torch.float32, scale=0.02)) for _ in range(calls)]
+    bias, gs = rnd(E, dtype=torch.float32, scale=0.1), torch.ones(1, device="cuda")
+
+    def fused(c):
+        d = sets[c]
+        route_decode(d["x"], d["w"], bias, gs, TOPK, 8.0)
+
+    def unfused(c):
+        d = sets[c]
+        route(d["x"].float() @ d["w"].t(), bias, gs, TOPK, 8.0, BF)
+
+    return fused, unfused, (E + S) * H * 4 + bsz * H * 2
+
+
+def attention_case(bsz: int, calls: int, ctx: int, nkv: int, window: int | None):
+    slots = bsz * ctx + 1
+    k_buf, v_buf = rnd(slots, nkv, HD), rnd(slots, nkv, HD)  # every sequence its own keys
+    table = (1 + torch.arange(bsz * ctx, device="cuda")).view(bsz, ctx)
+    pos = torch.full((bsz,), ctx - 1, device="cuda")
+    rows = torch.arange(bsz, device="cuda")
+    rel_table = rnd(DREL, window or 1024)
+    sets = [dict(q=rnd(bsz, NH, HD), rel=rnd(bsz, NH, DREL)) for _ in range(calls)]
+    splits = default_num_splits(bsz, nkv, window or ctx, 64, torch.cuda.get_device_properties(0).multi_processor_count)
+
+    def fused(c):
+        d = sets[c]
+        decode_attention(d["q"], k_buf, v_buf, table, rows, pos, d["rel"], rel_table, None, 1 / HD, window,
+                         num_splits=splits, block_n=64)  # fmt: skip
+
+    keys = min(ctx, window or ctx)
+    return fused, None, bsz * keys * nkv * HD * 2 * 2 + bsz * NH * (HD + DREL) * 2 * 2
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 64])
+    p.add_argument("--calls", type=int, default=16)
+    p.add_argument("--replays", type=int, default=20)
+    p.add_argument("--result-file", type=Path, default=ROOT / "benchmark/results/bench_decode_ops_inkling.json")
+    args = p.parse_args()
+    results = []
+    for bsz in args.batch_sizes:
+        cases = {
+            "qkvr_full": qkvr_case(bsz, 8, args.calls),
+            "qkvr_sliding": qkvr_case(bsz, 16, args.calls),
+            "attn_conv_add_norm": conv_norm_case(bsz, args.calls, norm=True),
+            "ffn_conv_add": conv_norm_case(bsz, args.calls, norm=False),
+            "router": router_case(bsz, args.calls),
+            "attention_full_8k": attention_case(bsz, 2, 8192, 8, None),
+            "attention_sliding_512": attention_case(bsz, 2, 8192, 16, 512),
+        }
+        if bsz == 1:
+            cases["attention_full_128k"] = attention_case(bsz, 2, 131072, 8, None)
+        for name, (fused, unfused, moved) in cases.items():
+            calls = args.calls if name[:9] != "attention" else 2
+            floor_us = moved / (PEAK_TBS * 1e12) * 1e6
+            row = {"batch_size": bsz, "op": name, "bytes": moved, "floor_us": floor_us}
+            for label, fn in (("fused", fused), ("unfused", unfused)):
+                if fn is not None:
+                    us = time_graph(fn, calls, args.replays) * 1e3
+                    row[f"{label}_us"], row[f"{label}_floor_fraction"] = us, floor_us / us
+            results.append(row)
+            print(f"bs {bsz:3d} {name:24s} floor {floor_us:7.2f} us  fused {row['fused_us']:7.2f} us "
+                  f"({row['fused_floor_fraction']:5.1%})" + (f"  unfused {row['unfused_us']:7.2f} us "
+                  f"({row['unfused_floor_fraction']:5.1%})" if "unfused_us" in row else ""))  # fmt: skip
+    import triton
+
+    commit, dirty = git_commit()
+    doc = {"benchmark": "bench_decode_ops", "config": {"hidden": H, "heads": NH, "head_dim": HD, "d_rel": DREL,
+           "experts": E, "sinks": S, "top_k": TOPK, "peak_tb_s": PEAK_TBS, "calls_per_graph": args.calls},
+           "gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
+           "git_commit": commit, "git_dirty": dirty, "results": results}  # fmt: skip
+    args.result_file.parent.mkdir(parents=True, exist_ok=True)
+    args.result_file.write_text(json.dumps(doc, indent=1))
+
+
+if __name__ == "__main__":
+    main()

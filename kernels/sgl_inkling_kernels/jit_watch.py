@@ -1,0 +1,66 @@
+"""Which Triton kernels compile, and when: a hook on Triton's in-process JIT cache misses.
+
+`compile_watch()` records every kernel compiled while it is open (the GPU test that serving never
+compiles after warm-up uses it); `log_compiles_after_warmup()` keeps a permanent hook that warns
+for each compile from then on, so a shape warm-up missed shows in the server log by name.
+The interpreter (CPU) compiles nothing, so neither ever fires there.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Callable, Iterator
+
+from sgl_inkling_kernels._triton import HAS_TRITON, interpreting
+
+logger = logging.getLogger(__name__)
+
+_listeners: list[Callable[[str], None]] = []
+_installed = False
+
+
+def _hook(*, repr: str, **_kw) -> None:  # noqa: A002 - Triton's keyword
+    for fn in list(_listeners):
+        fn(repr)
+
+
+def _install() -> None:
+    global _installed
+    if _installed or not HAS_TRITON or interpreting():
+        return
+    from triton import knobs
+
+    previous = knobs.runtime.jit_post_compile_hook
+
+    def chained(**kw):
+        _hook(**kw)
+        if previous is not None:
+            return previous(**kw)
+        return None
+
+    knobs.runtime.jit_post_compile_hook = chained
+    _installed = True
+
+
+@contextlib.contextmanager
+def compile_watch() -> Iterator[list[str]]:
+    """Within the block, the list fills with a description of each kernel Triton compiles."""
+    _install()
+    seen: list[str] = []
+    _listeners.append(seen.append)
+    try:
+        yield seen
+    finally:
+        _listeners.remove(seen.append)
+
+
+def log_compiles_after_warmup() -> None:
+    """From now on, warn for every kernel compile (once per process)."""
+    if _warn not in _listeners:
+        _install()
+        _listeners.append(_warn)
+
+
+def _warn(desc: str) -> None:
+    logger.warning("Triton compiled a kernel after warm-up (a request waits for it): %s", desc[:300])

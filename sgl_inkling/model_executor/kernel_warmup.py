@@ -1,0 +1,49 @@
+"""Start-up warm-up: run every Triton kernel variant serving can reach, so no request waits for a
+JIT compile.
+
+A kernel compiles once per set of constexprs and specialised int arguments. The constexprs come
+from the model's shapes, plus a few choices made from the token count: extensions of at most
+SHORT_EXTEND tokens per sequence run as decode queries, the router's fp32 GEMM runs in our kernel
+up to FUSED_ROUTER_MAX_TOKENS, and the fused MoE takes large row blocks once a batch has
+4 (token, expert) pairs per local expert. The kernels mark their batch-dependent ints
+`do_not_specialize`, so one batch down each path is enough: extends of 1 token, SHORT_EXTEND, one
+past it, one past the router limit and one past the MoE's (with and without a cached prefix), and
+eager decode steps at batch 1 and at the largest batch (graph capture covers its own buckets).
+
+Batches use the padding request row and KV slot 0, as padded CUDA-graph rows do: no request's
+state is touched.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from sgl_inkling.layers.attention.triton_backend import SHORT_EXTEND
+from sgl_inkling.model_executor.forward_batch import ForwardBatch, ForwardMode
+from sgl_inkling.models.inkling.moe import FUSED_ROUTER_MAX_TOKENS, MoE
+from sgl_inkling_kernels.jit_watch import log_compiles_after_warmup
+
+
+def extend_lengths(model, max_context_len: int) -> list[int]:
+    """Token counts, one per kernel path an extend can take, each below the context limit."""
+    moe = [m for m in model.modules() if isinstance(m, MoE)]
+    big = max((-(-4 * m.experts.num_local // m.gate.top_k) + 1 for m in moe), default=1)
+    want = {1, SHORT_EXTEND, SHORT_EXTEND + 1, FUSED_ROUTER_MAX_TOKENS + 1, big}
+    return sorted(min(n, max_context_len - 2) for n in want)
+
+
+def warm_up_kernels(runner, max_running_requests: int) -> None:
+    """Compile, by running them once, the kernels of every extend and decode path (see above)."""
+    pad, dev = runner.req_to_token.pad_row, runner.device
+    ctx = runner.req_to_token.max_context_len
+    with torch.no_grad():
+        for n in extend_lengths(runner.model, ctx):
+            for prefix in (0, 1):  # a fresh sequence, and one resuming from its conv state and KV
+                batch = ForwardBatch.build(ForwardMode.EXTEND, [[0] * n], [pad], [prefix], [0] * n, [0] * n, dev)
+                runner.forward_eager(batch)
+        for bs in sorted({1, max_running_requests}):
+            batch = ForwardBatch.build(ForwardMode.DECODE, [[0]] * bs, [pad] * bs, [1] * bs, [0] * bs, [0] * bs, dev)
+            runner.forward_eager(batch)
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+    log_compiles_after_warmup()

@@ -1,0 +1,47 @@
+"""No Triton kernel compiles after start-up warm-up: a mixed workload (cold and chunked prefills of
+many lengths, ragged extend batches, short extensions as MTP's verify makes, decode at every batch
+size inside and beyond the CUDA-graph buckets) on inkling-tiny, bf16, through a ModelRunner that
+warmed up and captured its graphs. A positive control shows the compile hook fires."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+
+def _tokens(n: int, seed: int) -> list[int]:
+    return torch.randint(0, 199_990, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_no_compile_after_warmup(tiny_path, dtype):
+    from sgl_inkling.model_executor.model_loader import load_model
+    from sgl_inkling.model_executor.model_runner import ModelRunner
+    from sgl_inkling.model_executor.seq_runner import SeqRunner
+    from sgl_inkling_kernels.jit_watch import compile_watch
+    from sgl_inkling_kernels.rmsnorm import rmsnorm
+
+    model = load_model(tiny_path, dtype, "cuda", progress=False)
+    max_reqs = 8
+    runner = SeqRunner(ModelRunner(model, max_reqs, 1024, 8192, attention_backend="triton", cuda_graph_max_bs=4))
+    with compile_watch() as compiled:
+        seqs = [runner.new_seq() for _ in range(max_reqs)]
+        for i, n in enumerate([3, 17, 30, 64, 65, 90, 200, 301]):  # cold prefills, one path each
+            runner.step([seqs[i]], [_tokens(n, i)])
+        runner.step([seqs[0]], [_tokens(130, 50)])  # chunked: resumes from a cached prefix
+        runner.step(seqs[:3], [_tokens(5, 51), _tokens(40, 52), [7]])  # ragged extend
+        runner.step(seqs[:4], [_tokens(9, 53 + i) for i in range(4)])  # short extensions (verify-like)
+        for bs in range(1, max_reqs + 1):  # graph buckets (<= 4) and eager decode beyond them
+            for _ in range(2):
+                runner.step(seqs[:bs], [[11]] * bs)
+        torch.cuda.synchronize()
+    for s in seqs:
+        runner.free(s)
+    assert compiled == [], f"{len(compiled)} kernel(s) compiled after warm-up: {compiled[:3]}"
+    # Control: a shape no serving path uses compiles, and the watch sees it.
+    with compile_watch() as control:
+        x = torch.randn(3, 72, device="cuda", dtype=dtype)
+        rmsnorm(x, torch.ones(72, device="cuda", dtype=dtype), 1e-6)
+    assert len(control) >= 1

@@ -1,0 +1,84 @@
+"""Compile Triton kernels for a CUDA target without a GPU (Triton's wheel carries ptxas): catches
+what the CPU interpreter accepts but the compiler rejects (branch type unification, dot operand
+types, layouts). Run as a script with TRITON_INTERPRET=0, so the kernel modules decorate for the
+compiler (test_gpu_compile.py does); prints one line per case, exits 1 if any failed."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+import traceback
+
+TARGET = ("cuda", 90, 32)  # Hopper (H200)
+
+
+def _qkvr(dt, to_cache):
+    ptr = {n: f"*{dt}" for n in ("X", "Q", "Kout", "Vout", "QNormW", "KNormW")}
+    ptr.update({n: "*fp32" for n in ("KConvW", "VConvW", "KState", "VState")}, Rows="*i64", Slots="*i64")
+    consts = dict(NH=64, NKV=8, D=128, BLOCK_D=128, K=4, BLOCK_K=4, TO_CACHE=to_cache)
+    return ("qkvr_epilogue", "_qkvr_epilogue_kernel", ptr, consts, ("eps",), 1)
+
+
+def _conv_norm(dt, norm):
+    ptr = {n: f"*{dt}" for n in ("X", "Res", "NormW", "Summed", "Normed")}
+    ptr.update(ConvW="*fp32", State="*fp32", Rows="*i64")
+    return ("sconv_norm", "_sconv_add_rmsnorm_kernel", ptr, dict(HAS_NORM=norm, K=4, BLOCK_K=4, BLOCK_C=2048),
+            ("eps",), 16)  # fmt: skip
+
+
+def _router(dt):
+    ptr = {"Logits": "*fp32", "Bias": "*fp32", "GlobalScale": "*fp32", "Ids": "*i64", "Weights": f"*{dt}",
+           "SharedWeights": f"*{dt}"}  # fmt: skip
+    consts = dict(E=256, S=2, TOPK=6, PARTS=12, BLOCK_E=256, BLOCK_S=2, BLOCK_K=8)
+    return ("router", "_router_kernel", ptr, consts, ("route_scale",), 4)
+
+
+def _router_gemm(dt):
+    consts = dict(BLOCK_T=16, BLOCK_N=16, BLOCK_H=128, UPCAST=False, PREC="ieee")
+    return ("router", "_router_gemm_kernel", {"X": f"*{dt}", "W": "*fp32", "Out": "*fp32"}, consts, (), 4)
+
+
+def _merge():
+    ptr = {"PartO": "*fp32", "PartLse": "*fp32", "Out": "*bf16"}
+    return ("decode_attention", "_decode_merge_kernel", ptr, dict(D=128, BLOCK_D=128, BLOCK_S=64), (), 4)
+
+
+CASES = (
+    [_qkvr(dt, c) for dt in ("bf16", "fp32") for c in (False, True)]
+    + [_conv_norm(dt, n) for dt in ("bf16", "fp32") for n in (False, True)]
+    + [_router(dt) for dt in ("bf16", "fp32")]
+    + [_router_gemm(dt) for dt in ("bf16", "fp32")]
+    + [_merge()]
+)
+
+
+def compile_case(module, name, pointers, constexprs, floats, num_warps):
+    """Every parameter not a pointer, constexpr or float is an i32."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    kernel = getattr(importlib.import_module(f"sgl_inkling_kernels.{module}"), name)
+    sig = {}
+    for p in kernel.params:
+        n = p.name
+        sig[n] = pointers.get(n) or ("constexpr" if n in constexprs else "fp32" if n in floats else "i32")
+    return triton.compile(ASTSource(kernel, sig, constexprs), target=GPUTarget(*TARGET), options={"num_warps": num_warps})
+
+
+def main() -> int:
+    failed = 0
+    for case in CASES:
+        label = f"{case[1]} {case[2].get('X', case[2].get('Weights', ''))} {case[3]}"
+        try:
+            compile_case(*case)
+            print("ok", label)
+        except Exception:  # noqa: BLE001 - report every case, then fail
+            failed += 1
+            print("FAIL", label)
+            traceback.print_exc(limit=1)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,49 @@
+"""The start-up kernel warm-up on CPU: it runs every extend and decode path on the padding row only,
+leaving real requests' conv states, tables and KV untouched; and it picks one extend length per
+kernel path."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported
+pytest.importorskip("triton")
+
+from sgl_inkling.layers.attention.triton_backend import SHORT_EXTEND  # noqa: E402
+from sgl_inkling.model_executor.kernel_warmup import extend_lengths, warm_up_kernels  # noqa: E402
+from sgl_inkling.model_executor.model_runner import ModelRunner  # noqa: E402
+from sgl_inkling.models.inkling.moe import FUSED_ROUTER_MAX_TOKENS  # noqa: E402
+
+
+def test_extend_lengths_cover_each_path(tiny_model):
+    moe = tiny_model.model.llm.layers[2].mlp
+    big = -(-4 * moe.experts.num_local // moe.gate.top_k) + 1  # first length with the MoE's large blocks
+    lengths = extend_lengths(tiny_model, 4096)
+    assert {1, SHORT_EXTEND, SHORT_EXTEND + 1, FUSED_ROUTER_MAX_TOKENS + 1, big} <= set(lengths)
+    assert max(extend_lengths(tiny_model, 30)) == 28  # capped below the context
+
+
+def test_warmup_touches_only_the_padding_row(tiny_model):
+    # Which rows and slots a batch writes is the batch's doing, not the kernels': the torch path (fast
+    # on CPU) shows it; lengths 1 and 6 under this context limit.
+    runner = ModelRunner(tiny_model, 2, 8, 64)
+    pad = runner.req_to_token.pad_row
+    for states in runner.sconv_pool.states.values():
+        for s in states:
+            s.normal_()
+    before = {k: [s.clone() for s in v] for k, v in runner.sconv_pool.states.items()}
+    kv_before = [t[1:].clone() for t in runner.full_pool.k]
+    warm_up_kernels(runner, 2)
+    moved = 0
+    for k, states in runner.sconv_pool.states.items():
+        for s, b in zip(states, before[k]):
+            torch.testing.assert_close(s[:pad], b[:pad], atol=0, rtol=0)  # real request rows
+            moved += int(not torch.equal(s[pad], b[pad]))
+    assert moved > 0  # the warm-up did run the convs, on the padding row
+    assert not runner.req_to_token.full.any() and not runner.req_to_token.swa.any()
+    for t, b in zip(runner.full_pool.k, kv_before):
+        torch.testing.assert_close(t[1:], b, atol=0, rtol=0)  # only slot 0 (padding) written
