@@ -151,10 +151,11 @@ class ChatTranscript:
 
     @staticmethod
     def parser():
-        """A streaming TMLv0 output parser (reasoning kept apart from the visible content)."""
+        """A streaming TMLv0 output parser (reasoning kept apart from the visible content). Programs
+        declare no tools, so a header-less block is text from its first token (as chat without tools)."""
         from sgl_inkling.chat.stream_parser import StreamingOutputParser
 
-        return StreamingOutputParser(_chat()[2], separate_reasoning=True)
+        return StreamingOutputParser(_chat()[2], separate_reasoning=True, tool_headers=False)
 
     @staticmethod
     def end_message_id() -> int:
