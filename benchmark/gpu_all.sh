@@ -8,19 +8,12 @@
 #   3. the NVFP4 slice served through sglang.Engine (CUDA graphs, greedy repeat identical),
 #   4. bench_prefix_cache on the slice (exact resume, shared prefix, TTFT cold vs cached, follow-ups),
 #   5. profile_decode --compare at batch 1 (8K context): every kernel of a step, unfused then fused.
-# JSON goes to $OUT. The machine has no .git: pass GIT_COMMIT=<sha>.
+# JSON goes to $OUT, the stage logs to $OUT/logs.tgz. The machine has no .git: pass GIT_COMMIT=<sha>.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-START=$SECONDS
-OUT="${OUT:-$PWD/benchmark/results/gpu_all}"
-LOGS="${LOGS:-$OUT/logs}"
-mkdir -p "$OUT" "$LOGS"
-PY="${PYTHON:-python3}"
-export PYTHONPATH="$PWD/kernels:$PWD/python:$PWD${PYTHONPATH:+:$PYTHONPATH}"
-status=0
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
-echo "git commit: ${GIT_COMMIT:-unknown}" | tee -a "$OUT/gpu.txt"
 . benchmark/gpu_stage.sh
+LOGS="${LOGS:-/tmp/gpu_all_logs}"  # $OUT brings back at most 8 files: the logs come back as one archive
+gpu_begin gpu_all
 
 stage tests 110 "$PY" -m pytest -q -x -p no:cacheprovider test/kernels/test_qkvr_epilogue.py \
   test/kernels/test_sconv_norm.py test/gpu/test_kernel_warmup.py
@@ -38,5 +31,6 @@ stage prefix_cache 150 "$PY" benchmark/bench_prefix_cache.py --config slice --de
   --out "$OUT/prefix_cache_inkling-slice.json"
 stage profile_decode_bs1 60 "$PY" benchmark/profile_decode.py --batch-size 1 --input-len 8192 --compare \
   --out "$OUT/profile_decode_compare_bs1.json"
+tar -czf "$OUT/logs.tgz" -C "$LOGS" .
 echo "== done ($((SECONDS - START)) s)"
 exit $status

@@ -10,16 +10,8 @@
 # JSON goes to $OUT (default benchmark/results/gpu_floor). The machine has no .git: pass GIT_COMMIT=<sha>.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-START=$SECONDS
-OUT="${OUT:-$PWD/benchmark/results/gpu_floor}"
-mkdir -p "$OUT"
-PY="${PYTHON:-python3}"
-export PYTHONPATH="$PWD/kernels:$PWD/python:$PWD${PYTHONPATH:+:$PYTHONPATH}"
-status=0
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
-echo "git commit: ${GIT_COMMIT:-unknown}" | tee -a "$OUT/gpu.txt"
-
 . benchmark/gpu_stage.sh
+gpu_begin gpu_floor
 
 stage tests 150 "$PY" -m pytest -q -x -p no:cacheprovider test/kernels/test_qkvr_epilogue.py \
   test/kernels/test_sconv_norm.py test/kernels/test_router.py test/kernels/test_decode_attention.py \

@@ -11,17 +11,8 @@
 # stage failed (all still run).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-START=$SECONDS
-OUT="${OUT:-$PWD/benchmark/results/gpu_mtp}"
-LOGS="${LOGS:-$OUT}"  # stage logs (elsewhere when only the JSON should come back)
-mkdir -p "$OUT" "$LOGS"
-PY="${PYTHON:-python3}"
-export PYTHONPATH="$PWD/kernels:$PWD/python:$PWD${PYTHONPATH:+:$PYTHONPATH}"
-status=0
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
-echo "git commit: ${GIT_COMMIT:-unknown}" | tee -a "$OUT/gpu.txt"
-
 . benchmark/gpu_stage.sh
+gpu_begin gpu_mtp
 
 for bs in 1 64; do
   stage "bench_one_batch_bs$bs" 130 "$PY" benchmark/bench_one_batch.py --config slice --batch-size "$bs" --mtp \
