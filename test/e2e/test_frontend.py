@@ -122,13 +122,13 @@ def test_multi_turn_chat(endpoint):
     ]
     # Turn 1: the rendered conversation; the model opens its turn; visible text is the answer.
     out1 = raw_generate(url, input_ids=render_chat(history).input_ids, sampling_params=greedy())
-    answer1 = parse_output(out1["output_ids"]).content
+    answer1 = parse_output(out1["output_ids"], tool_headers=False).content  # no tools: header-less text is text
     history += [{"role": "assistant", "content": answer1}, {"role": "user", "content": "Another one?"}]
     # Turn 2: continue the assistant's text block after "Sure," (closing framing removed).
     ids2 = render_chat([*history, {"role": "assistant", "content": "Sure,"}]).input_ids
     assert ids2[-2:] == [tok.token_id("end_message"), tok.token_id("content_model_end_sampling")]
     out2 = raw_generate(url, input_ids=ids2[:-2], sampling_params=greedy())
-    answer2 = parse_output([tok.token_id("content_text"), *out2["output_ids"]]).content
+    answer2 = parse_output([tok.token_id("content_text"), *out2["output_ids"]], tool_headers=False).content
 
     state = multi_turn.run(temperature=0, backend=endpoint)
     assert state["a1"] == answer1
