@@ -66,7 +66,9 @@ class Scheduler(SpecDecodeMixin):
         if spec_on:  # before the prefix cache: its checkpoints copy the depths' carried state too
             from sgl_inkling.speculative.mtp_worker import MTPWorker
 
-            self.spec = MTPWorker(self.runner, server_args.speculative_num_steps, self.grammar)
+            self.spec = MTPWorker(
+                self.runner, server_args.speculative_num_steps, self.grammar, adaptive=server_args.speculative_adaptive
+            )
         chunk = server_args.chunked_prefill_size
         self.chunk_budget = chunk if chunk and chunk > 0 else server_args.max_prefill_tokens
         self.kv = ReqKVManager(

@@ -43,21 +43,23 @@ class SpecDecodeMixin:
         starts = [q.kv_len for q in reqs]
         rows = self.kv.rows
         rows_t, ids = self.spec.verify_ids(reqs)
+        width = ids.shape[1]  # this step's drafts + 1 (adaptive: at most r)
         fb = ForwardBatch.build(
             ForwardMode.EXTEND,
             ids,
             [q.row for q in reqs],
             starts,
-            torch.cat([rows.read("full", q.row, q.kv_len, q.kv_len + r) for q in reqs]).tolist(),
-            torch.cat([rows.read("swa", q.row, q.kv_len, q.kv_len + r) for q in reqs]).tolist(),
+            torch.cat([rows.read("full", q.row, q.kv_len, q.kv_len + width) for q in reqs]).tolist(),
+            torch.cat([rows.read("swa", q.row, q.kv_len, q.kv_len + width) for q in reqs]).tolist(),
             self.runner.device,
-            logits_counts=[r] * len(reqs),
+            logits_counts=[width] * len(reqs),
         )
         fallback = [i for i, q in enumerate(reqs) if _needs_plain_sampling(q)]
-        limits = [0 if i in fallback else q.draft_limit for i, q in enumerate(reqs)]
-        keep_raw = any(q.return_logprob for q in reqs)
-        out, logits, raw, acc = self.spec.verify(fb, ids, reqs, limits, keep_raw)
+        limits = [0 if i in fallback else min(q.draft_limit, q.draft_count) for i, q in enumerate(reqs)]
+        # Logprobs come from the logits after the grammar masks, as on the plain decode path.
+        out, logits, acc = self.spec.verify(fb, ids, reqs, limits)
         cands = acc.to_host()  # the step's one read from the device
+        self.spec.observe([len(c) - 1 for c in cands], limits)
         if fallback:
             toks = self._sample_rows([reqs[i] for i in fallback], logits[fallback, 0])
             for i, tok in zip(fallback, toks):
@@ -67,7 +69,7 @@ class SpecDecodeMixin:
         for i, req in enumerate(reqs):
             n = 0
             for tok in cands[i]:
-                self._append_token(req, tok, raw[i, n] if raw is not None else None)
+                self._append_token(req, tok, logits[i, n] if req.return_logprob else None)
                 n += 1
                 if req.finished:
                     break
