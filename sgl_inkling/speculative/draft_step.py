@@ -105,7 +105,9 @@ class DraftStep:
 
     def pick(self, logits: torch.Tensor) -> torch.Tensor:
         """A depth's drafts: the argmax (over the draft vocabulary when there is a token map)."""
-        return logits.float().argmax(-1)
+        best = logits.float().argmax(-1)
+        vocab = self.runner.model.draft_vocab
+        return best if vocab is None else vocab[best]
 
     def restore(self, layers, rows: torch.Tensor, n: torch.Tensor) -> None:
         """Each layer's conv state after the first n[i] tokens of its captured window."""

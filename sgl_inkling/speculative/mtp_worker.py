@@ -34,7 +34,14 @@ GRAPH_MAX_BS = 64  # larger speculative batches run eagerly (they are compute-bo
 
 
 class MTPWorker:
-    def __init__(self, runner: ModelRunner, num_steps: int | None, grammar_backend=None, adaptive: bool = False):
+    def __init__(
+        self,
+        runner: ModelRunner,
+        num_steps: int | None,
+        grammar_backend=None,
+        adaptive: bool = False,
+        token_map: torch.Tensor | None = None,  # draft vocabulary (--speculative-token-map)
+    ):
         model = runner.model
         depths = model.num_mtp_layers
         if depths == 0:
@@ -44,6 +51,7 @@ class MTPWorker:
             raise ValueError(f"--speculative-num-steps must be in 1..{depths} for this checkpoint, got {num_steps}")
         self.runner = runner
         self.num_steps = num_steps  # the most drafts per step (depths used)
+        model.set_draft_vocab(token_map)  # before any graph capture: graphs read the draft head
         self.grammar = grammar_backend
         cfg = model.cfg
         pool = runner.sconv_pool
@@ -157,6 +165,10 @@ class MTPWorker:
     def _pick(self, reqs: list[Req], depth: int, idx: list[int], logits: torch.Tensor) -> list[int]:
         """Depth `depth`'s drafts: the argmax, within the grammar when the request has one."""
         logits = logits.float()
+        vocab = self.runner.model.draft_vocab
+        if vocab is not None:  # draft logits cover the token map only: the rest cannot be drafted
+            full = logits.new_full((logits.shape[0], self.runner.model.cfg.unpadded_vocab_size), float("-inf"))
+            logits = full.index_copy_(1, vocab, logits)
         masked = [k for k, i in enumerate(idx) if reqs[i].draft_open]
         if masked:
             rows = torch.cat([reqs[idx[k]].draft_masks[depth : depth + 1] for k in masked])

@@ -6,6 +6,7 @@ plain greedy loop's token for token whatever k each step uses."""
 from __future__ import annotations
 
 import pytest
+import torch
 
 from sgl_inkling.managers.io_struct import TokenizedGenerateReq
 from sgl_inkling.managers.scheduler import Scheduler
@@ -95,4 +96,49 @@ def test_adaptive_settles_on_the_fastest_k(sched, plain):
     assert used[best] > sum(used) // 2, used
     assert s.spec.k in (best, best + 1), (s.spec.k, used)
     s.abort("")
+    assert s.kv.full.available == s.kv.full.num_slots and s.kv.swa.available == s.kv.swa.num_slots
+
+
+@pytest.mark.parametrize("fixed", [False, True], ids=["ragged-chain", "fixed-shape-step"])
+def test_token_map_drafts_over_the_subset_and_output_is_unchanged(sched, plain, fixed):
+    """Depths draft over a draft vocabulary (their logits are that wide), the trunk still verifies
+    over the full one: greedy output is the plain loop's with a map that holds the continuations
+    (drafts accepted) and with one that holds none of them (every draft rejected)."""
+    s = sched
+    prompts = [random_prompt(20 + 9 * i, seed=600 + i) for i in range(3)]
+    want = [plain.greedy(p, 30) for p in prompts]
+    used = sorted({t for w in want for t in w})
+    others = [t for t in range(s.vocab) if t not in set(used)]
+    widths: set[int] = set()
+    orig = s.runner.forward_mtp
+
+    def forward_mtp(depth, prev, batch):
+        out = orig(depth, prev, batch)
+        if out.logits.shape[0]:
+            widths.add(out.logits.shape[1])
+        return out
+
+    s.spec.configure(adaptive=False)
+    s.spec.fixed_shapes = fixed
+    s.runner.forward_mtp = forward_mtp
+    try:
+        for name, vocab in (("hit", used + others[:40]), ("miss", others[:200])):
+            s.runner.model.set_draft_vocab(torch.tensor(vocab))
+            widths.clear()
+            reqs = []
+            for i, p in enumerate(prompts):
+                sp = SamplingParams.from_dict({"ignore_eos": True, "temperature": 0, "max_new_tokens": 30})
+                s.handle(TokenizedGenerateReq(rid=f"map{name}{fixed}{i}", input_ids=list(p), sampling_params=sp))
+                reqs.append(s.waiting[-1])
+            while any(not r.finished for r in reqs):
+                s.step()
+                s.outbox.clear()
+            assert [r.output_ids for r in reqs] == want, name
+            assert widths == {len(vocab)}, (name, widths)
+            accepted = sum(r.spec_accepted_drafts for r in reqs)
+            assert (accepted > 10) if name == "hit" else (accepted == 0), (name, accepted)
+    finally:
+        s.runner.forward_mtp = orig
+        s.runner.model.set_draft_vocab(None)
+        s.spec.fixed_shapes = False
     assert s.kv.full.available == s.kv.full.num_slots and s.kv.swa.available == s.kv.swa.num_slots

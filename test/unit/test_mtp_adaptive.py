@@ -7,6 +7,7 @@ import itertools
 import random
 
 import pytest
+import torch
 
 from sgl_inkling.speculative.adaptive import (
     PUBLIC_MTP8_CURVE,
@@ -89,3 +90,20 @@ def test_tracker_measures_conditional_rates():
 def test_cost_table_lookup():
     c = StepCosts({1: [1.0], 8: [2.0], 64: [3.0]})
     assert [c.for_batch(b)[0] for b in (1, 2, 8, 9, 64, 200)] == [1.0, 2.0, 2.0, 3.0, 3.0, 3.0]
+
+
+def test_token_map_file_is_validated(tmp_path):
+    from sgl_inkling.speculative.token_map import load_token_map
+
+    good = tmp_path / "hot.pt"
+    torch.save([5, 3, 9], good)
+    assert load_token_map(str(good), 10).tolist() == [5, 3, 9]
+    torch.save(torch.tensor([1, 2, 3], dtype=torch.int32), good)  # upstream saves tensors too
+    assert load_token_map(str(good), 10).dtype == torch.int64
+    for bad, why in (([1, 10], "0..9"), ([2, 2], "repeat"), ([[1, 2]], "1-D"), ([0.5], "integer"), ([], "non-empty")):
+        torch.save(torch.tensor(bad), good)
+        with pytest.raises(ValueError, match="--speculative-token-map.*" + why):
+            load_token_map(str(good), 10)
+    (tmp_path / "junk.pt").write_bytes(b"not a torch file")
+    with pytest.raises(ValueError, match="--speculative-token-map: cannot read"):
+        load_token_map(str(tmp_path / "junk.pt"), 10)
