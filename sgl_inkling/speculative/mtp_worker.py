@@ -17,8 +17,6 @@ request row) until the next verify reads them; a step reads back only the accept
 
 from __future__ import annotations
 
-import random
-
 import torch
 import xgrammar as xgr
 
@@ -26,14 +24,15 @@ from sgl_inkling.managers.schedule_batch import Req
 from sgl_inkling.model_executor.model_runner import ModelRunner
 from sgl_inkling.sampling.host_copy import to_device
 from sgl_inkling.speculative.acceptance import greedy_accept, sample_accept
-from sgl_inkling.speculative.adaptive import EXPLORE_EVERY, AcceptanceTracker, StepCosts, choose_k
+from sgl_inkling.speculative.adaptive import StepCosts
+from sgl_inkling.speculative.draft_control import DraftControl
 from sgl_inkling.speculative.draft_step import DraftStep
 from sgl_inkling.speculative.levels import DepthChain, LevelSeq
 
 GRAPH_MAX_BS = 64  # larger speculative batches run eagerly (they are compute-bound anyway)
 
 
-class MTPWorker:
+class MTPWorker(DraftControl):
     def __init__(
         self,
         runner: ModelRunner,
@@ -72,12 +71,7 @@ class MTPWorker:
         # overhead (CUDA graphs); the ragged DepthChain does less work everywhere else. Tests set it.
         self.fixed_shapes = False
         # Adaptive: each step drafts the k in 0..K that the measured costs and acceptance favour.
-        self.adaptive = adaptive
-        self.tracker = AcceptanceTracker(num_steps)
-        self.costs: StepCosts | None = None
-        self.k = num_steps  # drafts of the step being drafted now
-        self.k_steps = [0] * (num_steps + 1)  # draft steps per chosen k
-        self._since_explore = 0
+        self._init_draft_control(num_steps, adaptive)
         # Verify widths (k + 1 tokens per request) that replay from graphs: all of them when adaptive.
         widths = range(num_steps + 1, 0, -1) if adaptive else [num_steps + 1]
         if runner.graphs is not None:  # CUDA graphs on: verify and draft steps replay per batch bucket too
@@ -85,22 +79,23 @@ class MTPWorker:
             from sgl_inkling.speculative.verify_graphs import VerifyGraphRunner
 
             max_bs = min(GRAPH_MAX_BS, runner.graphs.buckets[-1])
-            pool = torch.cuda.graph_pool_handle()  # one pool: a step's graphs run one after another
-            self.verify_graphs = {r: VerifyGraphRunner(runner, r, self.trunk_capture, max_bs, pool) for r in widths}
-            self.draft_graphs = DraftGraphRunner(self.step, max_bs, [r - 1 for r in widths], pool)
+            graph_pool = torch.cuda.graph_pool_handle()  # one pool: a step's graphs run one after another
+            self.verify_graphs = {r: VerifyGraphRunner(runner, r, self.trunk_capture, max_bs, graph_pool) for r in widths}
+            self.draft_graphs = DraftGraphRunner(self.step, max_bs, [r - 1 for r in widths], graph_pool)
             self.fixed_shapes = True
-        self.forced_accept: float | None = None  # benchmark-only switch (bench_one_batch --mtp-accept)
-        self._forced_credit = 0.0
-        # Benchmark-only: a_d, the chance that the first d drafts are accepted (bench --mtp-accept-curve).
-        self.forced_curve: list[float] | None = None
-        self._forced_rng = random.Random(0)
         self.num_verify_steps = 0
         self.num_verify_tokens = 0  # tokens emitted by verify steps (accepted drafts + one each)
         self.num_fixed_shape_steps = 0  # draft steps DraftStep ran (the rest ran DepthChain)
         if adaptive:
             from sgl_inkling.speculative.step_costs import measure_step_costs
 
-            self.costs = measure_step_costs(self) if self.verify_graphs else StepCosts.given(num_steps)
+            if self.verify_graphs:
+                from sgl_inkling.distributed.sync import broadcast_object
+
+                # Rank 0's timings on every rank: all TP ranks must draft the same k every step.
+                self.costs = broadcast_object(measure_step_costs(self))
+            else:
+                self.costs = StepCosts.given(num_steps)
             self.k = self.choose(1)
 
     # ---------------------------------------------------------------- prefill
@@ -284,55 +279,6 @@ class MTPWorker:
             return False
         limit = self.runner.req_to_token.max_context_len
         return min(starts) >= self.step.min_start() and max(self.step.max_token(s) for s in starts) < limit
-
-    # ---------------------------------------------------------------- adaptive draft length
-
-    def choose(self, bs: int) -> int:
-        """Drafts for the next step of a batch of bs requests: K unless adaptive; else the best k
-        for the measured costs and running acceptance, one more every EXPLORE_EVERY-th step."""
-        k = self.num_steps
-        if self.adaptive and self.costs is not None:
-            k = choose_k(self.tracker.rates, self.costs.for_batch(max(bs, 1)))
-            self._since_explore += 1
-            if k < self.num_steps and self._since_explore >= EXPLORE_EVERY:
-                k, self._since_explore = k + 1, 0
-        self.k_steps[k] += 1
-        return k
-
-    def configure(self, adaptive: bool, costs: StepCosts | None = None) -> None:
-        """Turn adaptive drafting on or off (tests, benchmarks), optionally with a cost table; the
-        acceptance estimates and step counts start afresh."""
-        self.adaptive = adaptive
-        self.costs = costs or self.costs or StepCosts.given(self.num_steps)
-        self.tracker = AcceptanceTracker(self.num_steps)
-        self.k_steps = [0] * (self.num_steps + 1)
-        self._since_explore = 0
-        self.k = self.choose(1)
-
-    def observe(self, accepted: list[int], drafted: list[int]) -> None:
-        """One verify's decisions: request i accepted accepted[i] of the drafted[i] it could."""
-        self.tracker.update(accepted, drafted)
-
-    def forced_counts(self, n: int) -> list[int] | None:
-        """Benchmark-only: accept lengths averaging `forced_accept` tokens per step (e.g. 2.5 gives
-        drafts accepted 1, 2, 1, 2, ... so each step emits 2 or 3 tokens), or drawn per request
-        from `forced_curve` (a_d: the chance that the first d drafts are accepted)."""
-        if self.forced_curve is not None:
-            return [self._draw_forced() for _ in range(n)]
-        if self.forced_accept is None:
-            return None
-        self._forced_credit += self.forced_accept - 1.0
-        a = int(self._forced_credit)
-        self._forced_credit -= a
-        return [a] * n
-
-    def _draw_forced(self) -> int:
-        a, prev = 0, 1.0
-        for p in self.forced_curve:
-            if self._forced_rng.random() >= p / prev:
-                break
-            a, prev = a + 1, p
-        return a
 
     def stats(self) -> dict:
         steps = self.num_verify_steps
