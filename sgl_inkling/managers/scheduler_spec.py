@@ -95,11 +95,13 @@ class SpecDecodeMixin:
         req.output_ids.append(tok)
         req.new_tokens.append(tok)
         if req.return_logprob and raw_row is not None:
-            lp = torch.log_softmax(raw_row, dim=-1)
-            req.new_logprobs.append((float(lp[tok]), tok))
+            # As the plain sampler: the float32 minimum stands in for -inf (masked tokens), JSON has no -inf.
+            floor = torch.finfo(torch.float32).min
+            lp = torch.log_softmax(raw_row.float(), dim=-1)
+            req.new_logprobs.append((max(float(lp[tok]), floor), tok))
             if req.top_logprobs_num > 0:
                 vals, ids = lp.topk(req.top_logprobs_num)
-                req.new_top_logprobs.append(list(zip(vals.tolist(), ids.tolist())))
+                req.new_top_logprobs.append(list(zip(vals.clamp_min(floor).tolist(), ids.tolist())))
         req.check_finished(self.tokenizer)
         after_token(req, tok)
 

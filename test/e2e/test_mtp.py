@@ -18,16 +18,19 @@ from test.unit.helpers import random_prompt
 from .mtp_common import SCHEMA, check_schema_requests, draftable_server, run
 
 
+CHAT = ("--tool-call-parser", "inkling", "--reasoning-parser", "inkling")  # chat with tools
+
+
 @pytest.fixture(scope="module")
 def ref(draftable):
-    s = draftable_server(draftable)
+    s = draftable_server(draftable, *CHAT)
     yield s
     s.stop()
 
 
 @pytest.fixture(scope="module")
 def mtp(draftable):
-    s = draftable_server(draftable, "--speculative-algorithm", "MTP")  # all 8 depths, radix cache on
+    s = draftable_server(draftable, "--speculative-algorithm", "MTP", *CHAT)  # all 8 depths, radix cache on
     yield s
     s.stop()
 
