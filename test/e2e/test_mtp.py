@@ -17,7 +17,6 @@ from test.unit.helpers import random_prompt
 
 from .mtp_common import SCHEMA, check_schema_requests, draftable_server, run
 
-
 CHAT = ("--tool-call-parser", "inkling", "--reasoning-parser", "inkling")  # chat with tools
 
 
