@@ -107,3 +107,15 @@ def test_token_map_file_is_validated(tmp_path):
     (tmp_path / "junk.pt").write_bytes(b"not a torch file")
     with pytest.raises(ValueError, match="--speculative-token-map: cannot read"):
         load_token_map(str(tmp_path / "junk.pt"), 10)
+
+
+def test_adaptive_and_token_map_flags(monkeypatch):
+    from sgl_inkling.server_args import ServerArgsError, parse_server_args
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    base = ["--model-path", "x", "--speculative-algorithm", "MTP"]
+    assert parse_server_args(base).speculative_adaptive  # on by default
+    a = parse_server_args([*base, "--no-speculative-adaptive", "--speculative-token-map", "hot.pt"])
+    assert not a.speculative_adaptive and a.speculative_token_map == "hot.pt"
+    with pytest.raises((ServerArgsError, SystemExit)):
+        parse_server_args(["--model-path", "x", "--speculative-token-map", "hot.pt"])  # needs MTP
