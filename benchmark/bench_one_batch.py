@@ -45,6 +45,7 @@ from sgl_inkling.models.inkling.slice_config import (  # noqa: E402
 )
 from sgl_inkling.models.inkling.tiny import TINY_CONFIG  # noqa: E402
 from sgl_inkling.models.inkling.weights import init_dummy_weights  # noqa: E402
+from sgl_inkling.speculative.adaptive import PUBLIC_MTP8_CURVE  # noqa: E402
 from sgl_inkling_kernels._triton import kernel_dispatch  # noqa: E402
 
 BATCH_TENSORS = ("input_ids", "positions", "req_pool_indices", "prefix_lens", "extend_lens", "out_loc",
@@ -437,6 +438,11 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--mtp-steps", type=int, default=8)
     p.add_argument("--mtp-accept", type=float, nargs="+", default=[1.0, 2.5, 4.5, 9.0],
                    help="forced tokens per verify step (accepted drafts + 1)")
+    p.add_argument("--mtp-accept-curve", type=float, nargs="+", default=list(PUBLIC_MTP8_CURVE),
+                   help="benchmark-only forced acceptance for the fixed-k and adaptive MTP runs: the chance "
+                   "that the first d drafts are all accepted, d = 1..K (default: the public MTP8 curve)")
+    p.add_argument("--mtp-adaptive-warmup", type=int, default=100,
+                   help="untimed steps in which the adaptive run learns the acceptance curve")
     p.add_argument("--load-format", choices=("dummy",), default="dummy")
     p.add_argument("--quantization", choices=NVFP4_METHODS, default=None,
                    help="routed experts in NVFP4 (random codes and scales; W4A16 kernel on CUDA); default BF16")
@@ -461,11 +467,13 @@ def main(argv: list[str] | None = None) -> dict:
     gen = torch.Generator().manual_seed(args.seed)
     modes = args.fast_path or (["eager", "kernels"] if cuda else ["eager"])
     runs = [run_batch(model, config.text, bsz, args, gen, m) for bsz in args.batch_size for m in modes]
-    mtp = None
+    mtp = adaptive = None
     if args.mtp:
-        from benchmark import mtp_timing
+        from benchmark import mtp_adaptive, mtp_timing
 
         mtp = [mtp_timing.run_mtp(model, config.text, bsz, args, gen, sys.modules[__name__]) for bsz in args.batch_size]
+        adaptive = [mtp_adaptive.run_adaptive(model, config.text, bsz, args, gen, sys.modules[__name__])
+                    for bsz in args.batch_size]  # fmt: skip
 
     try:
         import triton
@@ -495,6 +503,7 @@ def main(argv: list[str] | None = None) -> dict:
         "warmup_steps": args.warmup_steps,
         "runs": runs,
         "mtp": mtp,
+        "mtp_adaptive": adaptive,
     }
     out = args.result_file or ROOT / "benchmark" / "results" / (
         f"bench_one_batch_{name}_{args.device.replace(':', '')}_{result['timestamp'].replace(':', '')}.json"
@@ -504,6 +513,7 @@ def main(argv: list[str] | None = None) -> dict:
     print_table(runs)
     if mtp:
         print_mtp_table(mtp, runs)
+        mtp_adaptive.print_adaptive_table(adaptive, runs)
     print(f"wrote {out}")
     return result
 

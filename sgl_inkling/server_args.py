@@ -90,6 +90,8 @@ class ServerArgs:
     speculative_num_steps: int | None = None  # None: every MTP depth of the checkpoint (8 for Inkling)
     speculative_num_draft_tokens: int | None = None  # None: num_steps + 1 (chain: one token per depth)
     speculative_eagle_topk: int = 1
+    speculative_adaptive: bool = True  # drafts per step chosen from measured costs and acceptance
+    speculative_token_map: str | None = None  # draft vocabulary: a .pt tensor of token ids (upstream's format)
     # Chat parsing
     reasoning_parser: str | None = None
     tool_call_parser: str | None = None
@@ -213,6 +215,13 @@ class ServerArgs:
                        help="tokens the trunk verifies per step; must be num-steps + 1 (a chain)")
         g.add_argument("--speculative-eagle-topk", type=int, default=d.speculative_eagle_topk,
                        help="branching of the draft tree; only 1 (a chain) is supported")
+        g.add_argument("--speculative-adaptive", action=argparse.BooleanOptionalAction, default=d.speculative_adaptive,
+                       help="each step drafts the number of tokens (0..num-steps) that the start-up cost "
+                            "measurements and the running acceptance rates say is fastest (default on)")
+        g.add_argument("--speculative-token-map", default=d.speculative_token_map,
+                       help="draft vocabulary: a torch-saved 1-D tensor of token ids (as upstream's EAGLE "
+                            "hot-token map); depths compute logits over it only, the trunk still verifies "
+                            "over the full vocabulary")
 
         g = parser.add_argument_group("chat parsing")
         g.add_argument("--reasoning-parser", choices=PARSERS, default=d.reasoning_parser)
@@ -335,6 +344,8 @@ class ServerArgs:
         if self.speculative_algorithm is None:
             if steps is not None or drafts is not None:
                 fail("--speculative-num-steps", "needs --speculative-algorithm MTP")
+            if self.speculative_token_map is not None:
+                fail("--speculative-token-map", "needs --speculative-algorithm MTP")
             return
         if self.speculative_algorithm not in SPEC_ALGORITHMS:
             fail("--speculative-algorithm", f"{self.speculative_algorithm!r} is not one of {', '.join(SPEC_ALGORITHMS)}")

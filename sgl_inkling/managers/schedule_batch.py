@@ -55,6 +55,7 @@ class Req:
     kv_reserved: int = 0  # KV slots held past kv_len for the next verify's tokens
     draft_masks: Any = None  # grammar bitmask per verify row, for constrained requests
     draft_limit: int = 0  # most drafts this request may accept in the next verify
+    draft_count: int = 0  # drafts in its draft_buf row for the next verify (the k chosen when drafted)
     draft_open: bool = False  # the grammar still constrains the next draft
     draft_tentative: int = 0  # drafts the grammar accepted tentatively (rolled back after drafting)
     spec_verify_ct: int = 0

@@ -69,8 +69,16 @@ class Scheduler(SpecDecodeMixin, FaultIsolationMixin):
         self.spec = None
         if spec_on:  # before the prefix cache: its checkpoints copy the depths' carried state too
             from sgl_inkling.speculative.mtp_worker import MTPWorker
+            from sgl_inkling.speculative.token_map import load_token_map
 
-            self.spec = MTPWorker(self.runner, server_args.speculative_num_steps, self.grammar)
+            path = server_args.speculative_token_map
+            self.spec = MTPWorker(
+                self.runner,
+                server_args.speculative_num_steps,
+                self.grammar,
+                adaptive=server_args.speculative_adaptive,
+                token_map=load_token_map(path, model.cfg.unpadded_vocab_size) if path else None,
+            )
         chunk = server_args.chunked_prefill_size
         self.chunk_budget = chunk if chunk and chunk > 0 else server_args.max_prefill_tokens
         self.kv = ReqKVManager(

@@ -45,22 +45,24 @@ class SpecDecodeMixin:
         starts = [q.kv_len for q in reqs]
         rows = self.kv.rows
         rows_t, ids = self.spec.verify_ids(reqs)
+        width = ids.shape[1]  # this step's drafts + 1 (adaptive: at most r)
         fb = ForwardBatch.build(
             ForwardMode.EXTEND,
             ids,
             [q.row for q in reqs],
             starts,
-            torch.cat([rows.read("full", q.row, q.kv_len, q.kv_len + r) for q in reqs]).tolist(),
-            torch.cat([rows.read("swa", q.row, q.kv_len, q.kv_len + r) for q in reqs]).tolist(),
+            torch.cat([rows.read("full", q.row, q.kv_len, q.kv_len + width) for q in reqs]).tolist(),
+            torch.cat([rows.read("swa", q.row, q.kv_len, q.kv_len + width) for q in reqs]).tolist(),
             self.runner.device,
-            logits_counts=[r] * len(reqs),
+            logits_counts=[width] * len(reqs),
         )
         fallback = [i for i, q in enumerate(reqs) if _needs_plain_sampling(q)]
-        limits = [0 if i in fallback else q.draft_limit for i, q in enumerate(reqs)]
-        keep_raw = any(q.return_logprob for q in reqs)
+        limits = [0 if i in fallback else min(q.draft_limit, q.draft_count) for i, q in enumerate(reqs)]
+        # Logprobs come from the logits after the grammar masks, as on the plain decode path.
         with model_step():
-            out, logits, raw, acc = self.spec.verify(fb, ids, reqs, limits, keep_raw)
+            out, logits, acc = self.spec.verify(fb, ids, reqs, limits)
             cands = acc.to_host()  # the step's one read from the device
+        self.spec.observe([len(c) - 1 for c in cands], limits)
         if fallback:
             toks = self._sample_rows([reqs[i] for i in fallback], logits[fallback, 0])
             for i, tok in zip(fallback, toks):
@@ -70,7 +72,7 @@ class SpecDecodeMixin:
         for i, req in enumerate(reqs):
             n = 0
             for tok in cands[i]:
-                self._append_token(req, tok, raw[i, n] if raw is not None else None)
+                self._append_token(req, tok, logits[i, n] if req.return_logprob else None)
                 n += 1
                 if req.finished:
                     break
@@ -97,11 +99,13 @@ class SpecDecodeMixin:
         req.output_ids.append(tok)
         req.new_tokens.append(tok)
         if req.return_logprob and raw_row is not None:
-            lp = torch.log_softmax(raw_row, dim=-1)
-            req.new_logprobs.append((float(lp[tok]), tok))
+            # As the plain sampler: the float32 minimum stands in for -inf (masked tokens), JSON has no -inf.
+            floor = torch.finfo(torch.float32).min
+            lp = torch.log_softmax(raw_row.float(), dim=-1)
+            req.new_logprobs.append((max(float(lp[tok]), floor), tok))
             if req.top_logprobs_num > 0:
                 vals, ids = lp.topk(req.top_logprobs_num)
-                req.new_top_logprobs.append(list(zip(vals.tolist(), ids.tolist())))
+                req.new_top_logprobs.append(list(zip(vals.clamp_min(floor).tolist(), ids.tolist())))
         req.check_finished(self.tokenizer)
         after_token(req, tok)
 

@@ -1,9 +1,12 @@
-"""DraftStep replayed from CUDA graphs, one per batch-size bucket.
+"""DraftStep replayed from CUDA graphs, one per batch-size bucket and number of drafting depths.
 
 Padded requests use the runner's reserved row: no drafts wanted (live 0), one kept token, a start
 past the tokens depths skip; their KV goes to the padding slot 0 and their conv and carried state
 to the reserved row, as in decode graphs. All buckets share one memory pool (captured largest
-first): a step's results live in the state pools and `draft_buf`, not in graph outputs.
+first): a step's results live in the state pools and `draft_buf`, not in graph outputs. Verified
+tokens come padded to K + 1 per request whatever the verify's width (the padding is never real).
+With capture=False nothing is captured and `run` executes the same step eagerly (the start-up
+cost measurement on CPU).
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ _PER_REQ = ("rows", "start", "n", "live", "pending")
 
 
 class DraftGraphRunner:
-    def __init__(self, step: DraftStep, max_bs: int):
+    def __init__(self, step: DraftStep, max_bs: int, depths=None, pool=None, capture: bool = True):
         self.step = step
         runner = step.runner
         self.buckets = buckets_up_to(max_bs)
@@ -27,10 +30,15 @@ class DraftGraphRunner:
         self.static["ids"] = torch.zeros(n, r, dtype=torch.int64, device=dev)
         self.static["hidden"] = torch.zeros(n, r, runner.model.cfg.hidden_size, dtype=runner.dtype, device=dev)
         self._pad(0, n)
-        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
-        self.pool = torch.cuda.graph_pool_handle()
+        self.depths = sorted(depths if depths is not None else [step.k], reverse=True)
+        self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
+        self.eager = not capture
+        if not capture:
+            return
+        self.pool = pool if pool is not None else torch.cuda.graph_pool_handle()
         for bs in reversed(self.buckets):
-            self.graphs[bs], _ = capture_graph(lambda bs=bs: self._run(bs), self.pool)
+            for k in self.depths:
+                self.graphs[bs, k], _ = capture_graph(lambda bs=bs, k=k: self.run(bs, k), self.pool)
 
     @property
     def max_bs(self) -> int:
@@ -43,19 +51,24 @@ class DraftGraphRunner:
         s["n"][lo:hi] = 1
         s["live"][lo:hi] = 0
 
-    def _run(self, bs: int) -> None:
+    def run(self, bs: int, depths: int) -> None:
+        """The step on the static inputs of bucket bs (what a graph holds)."""
         s = self.static
-        self.step.run(*(s[f][:bs] for f in ("rows", "start", "n", "live", "ids", "pending", "hidden")))
+        host = [self.step.min_start()] * bs if self.eager else None  # for the reference backend's loops
+        args = (s[f][:bs] for f in ("rows", "start", "n", "live", "ids", "pending", "hidden"))
+        self.step.run(*args, host_start=host, depths=depths)
 
-    def replay(self, rows, start, n, live, ids, pending, hidden) -> None:
-        """Same arguments as DraftStep.run (device tensors, batch size <= max_bs)."""
+    def replay(self, rows, start, n, live, ids, pending, hidden, depths: int) -> None:
+        """Same arguments as DraftStep.run (device tensors, batch size <= max_bs, ids and hidden
+        of any verify width <= K + 1)."""
         bs = rows.shape[0]
         bucket = bucket_for(self.buckets, bs)
         s = self.static
         for f, x in (("rows", rows), ("start", start), ("n", n), ("live", live), ("pending", pending)):
             s[f][:bs].copy_(x)
-        s["ids"][:bs].copy_(ids)
-        s["hidden"][:bs].copy_(hidden)
+        r = ids.shape[1]
+        s["ids"][:bs, :r].copy_(ids)
+        s["hidden"][:bs, :r].copy_(hidden)
         if bucket > bs:
             self._pad(bs, bucket)
-        self.graphs[bucket].replay()
+        self.graphs[bucket, depths].replay()

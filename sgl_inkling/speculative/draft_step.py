@@ -44,16 +44,21 @@ class DraftStep:
         self,
         rows: torch.Tensor,  # [B] request rows
         start: torch.Tensor,  # [B] committed length before the verify (q)
-        n: torch.Tensor,  # [B] verified tokens kept, 1..K+1
+        n: torch.Tensor,  # [B] verified tokens kept, 1..r
         live: torch.Tensor,  # [B] 1 if the request goes on (drafts wanted), 0 if it finished
-        ids: torch.Tensor,  # [B, K + 1] the verified tokens
+        ids: torch.Tensor,  # [B, r] the verified tokens, r <= K + 1
         pending: torch.Tensor,  # [B] the trunk's token after the kept ones
-        hidden: torch.Tensor,  # [B, K + 1, H] trunk outputs of the verified tokens
+        hidden: torch.Tensor,  # [B, r, H] trunk outputs of the verified tokens
         host_start: list[int] | None = None,  # `start` on the host, for the reference backend's loops
+        depths: int | None = None,  # depths that draft (default K); the others only consume the kept tokens
     ) -> None:
         k, b = self.k, rows.shape[0]
+        depths = k if depths is None else depths
         dev = rows.device
         self.restore(self.trunk_capture.items(), rows, n)
+        if ids.shape[1] < k + 1:  # a shorter verify: pad to K + 1 (never real: n <= r)
+            ids = torch.nn.functional.pad(ids, (0, k + 1 - ids.shape[1]))
+            hidden = torch.nn.functional.pad(hidden, (0, 0, 0, k + 1 - hidden.shape[1]))
         seq = torch.cat([ids, ids.new_zeros(b, k + 1)], dim=1)  # [B, 2K + 2] tokens from q on
         seq.scatter_(1, n[:, None], pending[:, None])
         arange_b = torch.arange(b, device=dev)
@@ -62,12 +67,14 @@ class DraftStep:
         last_col = tables.max_context_len - 1
         drafts = []
         for d in range(k):
-            t = k + 2 + d
+            drafting = d < depths
+            # A drafting depth: n kept + pending + d drafts; the others: the n kept tokens.
+            t = k + 2 + d if drafting else k + 1
             layer = self.trunk_layers + d
             cols = torch.arange(t, device=dev)
             inputs = torch.cat([self.carry[rows, d][:, None], below[:, : t - 1].float()], dim=1)
             self.carry[rows, d] = below[arange_b, n - 1].float()  # after reading: input for token q + n
-            real = cols[None] < (n + live * (1 + d))[:, None]
+            real = cols[None] < (n + live * (1 + d) if drafting else n)[:, None]
             tok = (start[:, None] + cols).clamp(max=last_col)
             prefix = start - d - 1
             fb = ForwardBatch(
@@ -80,7 +87,7 @@ class DraftStep:
                 out_loc=torch.where(real, tables.full[rows[:, None], tok], 0).reshape(-1),
                 out_loc_swa=torch.where(real, tables.swa[rows[:, None], tok], 0).reshape(-1),
                 # the last real token: the pending one for depth 0, draft d after it
-                logits_indices=arange_b * t + (n + d).clamp(max=t - 1),
+                logits_indices=arange_b * t + (n + d).clamp(max=t - 1) if drafting else arange_b[:0],
                 prefix_lens_cpu=[p - d - 1 for p in host_start] if host_start is not None else [1] * b,
                 extend_lens_cpu=[t] * b,
             )
@@ -88,11 +95,19 @@ class DraftStep:
             fb.sconv_capture = {layer: self.depth_capture[layer]}
             out = self.runner.forward_mtp(d, inputs.reshape(b * t, -1).to(self.runner.dtype), fb)
             self.restore([(layer, self.depth_capture[layer])], rows, n)
-            draft = out.logits.float().argmax(-1)
-            seq.scatter_(1, (n + 1 + d)[:, None], draft[:, None])
-            drafts.append(draft)
             below = out.hidden.view(b, t, -1)
-        self.draft_buf[rows] = torch.stack(drafts, dim=1)
+            if drafting:
+                draft = self.pick(out.logits)
+                seq.scatter_(1, (n + 1 + d)[:, None], draft[:, None])
+                drafts.append(draft)
+        if drafts:
+            self.draft_buf[rows, :depths] = torch.stack(drafts, dim=1)
+
+    def pick(self, logits: torch.Tensor) -> torch.Tensor:
+        """A depth's drafts: the argmax (over the draft vocabulary when there is a token map)."""
+        best = logits.float().argmax(-1)
+        vocab = self.runner.model.draft_vocab
+        return best if vocab is None else vocab[best]
 
     def restore(self, layers, rows: torch.Tensor, n: torch.Tensor) -> None:
         """Each layer's conv state after the first n[i] tokens of its captured window."""

@@ -65,14 +65,17 @@ class DepthChain:
         seqs: list[LevelSeq],
         pick_drafts: Callable[[int, list[int], torch.Tensor], list[int]] | None = None,
         ckpts=None,
+        num_drafts: int | None = None,
     ) -> list[list[int]]:
         """Consume every sequence's tokens at every depth; returns the drafts per sequence.
 
         pick_drafts(depth, seq_indices, logits) chooses depth d's drafts (each the token after the
         sequence's last consumed one) for the sequences that want drafts; each is appended to its
         sequence's tokens for the next depth. `ckpts` (an SConvCheckpointPool) receives the
-        snapshots the sequences ask for.
+        snapshots the sequences ask for. Only depths below `num_drafts` (default: all) draft; the
+        others consume the committed tokens only, so they stay current for later steps.
         """
+        num_drafts = self.num_depths if num_drafts is None else num_drafts
         drafts: list[list[int]] = [[] for _ in seqs]
         tokens = [list(s.tokens) for s in seqs]
         below: list[tuple[int, torch.Tensor]] = [(s.start, s.trunk_hidden) for s in seqs]
@@ -82,8 +85,9 @@ class DepthChain:
         for d in range(self.num_depths):
             layer = self.trunk_layers + d
             kept, inputs, toks, prefix, full, swa, counts, snaps = [], [], [], [], [], [], [], {}
+            drafting = d < num_drafts
             for i, s in enumerate(seqs):
-                end = s.start + len(tokens[i])
+                end = s.start + len(tokens[i]) if drafting else min(s.start + len(tokens[i]), s.commit)
                 first = max(s.start, d + 1)  # depth d never consumes tokens 0..d
                 if end <= first:
                     self._copy_live_to_snapshots(ckpts, s, layer)
@@ -93,11 +97,11 @@ class DepthChain:
                     continue
                 inputs.append(self._inputs(s, d, first, end, below[i]))
                 kept.append(i)
-                toks.append(tokens[i][first - s.start :])
+                toks.append(tokens[i][first - s.start : end - s.start])
                 prefix.append(first - d - 1)
                 full.append(self.runner.req_to_token.read("full", s.row, first, end))
                 swa.append(self.runner.req_to_token.read("swa", s.row, first, end))
-                counts.append(1 if s.want_drafts else 0)
+                counts.append(1 if s.want_drafts and drafting else 0)
                 if s.snapshots:
                     snaps[len(kept) - 1] = [(min(max(p - first, 0), end - first), slot) for p, slot in s.snapshots]
             if not kept:
@@ -115,7 +119,7 @@ class DepthChain:
             fb.table_offset = d + 1
             if snaps:
                 fb.sconv_snapshots, fb.sconv_checkpoints = snaps, ckpts
-            speculative = any(seqs[i].commit < seqs[i].start + len(tokens[i]) for i in kept)
+            speculative = any(seqs[i].commit < prefix[k] + d + 1 + len(toks[k]) for k, i in enumerate(kept))
             if speculative:
                 fb.sconv_capture = {layer: self.capture[layer]}
             out = self.runner.forward_mtp(d, torch.cat(inputs).to(self.runner.dtype), fb)
@@ -130,7 +134,7 @@ class DepthChain:
                     self._restore(layer, s.row, min(max(s.commit - first, 0), n))
                 if d + 1 < self.num_depths:
                     self._carry(updates, ckpts, s, d + 1, first, rows)
-            wanting = [i for i in kept if seqs[i].want_drafts]
+            wanting = [i for i in kept if seqs[i].want_drafts and drafting]
             if wanting:
                 assert pick_drafts is not None
                 for i, tok in zip(wanting, pick_drafts(d, wanting, out.logits)):

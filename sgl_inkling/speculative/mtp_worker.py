@@ -24,14 +24,23 @@ from sgl_inkling.managers.schedule_batch import Req
 from sgl_inkling.model_executor.model_runner import ModelRunner
 from sgl_inkling.sampling.host_copy import to_device
 from sgl_inkling.speculative.acceptance import greedy_accept, sample_accept
+from sgl_inkling.speculative.adaptive import StepCosts
+from sgl_inkling.speculative.draft_control import DraftControl
 from sgl_inkling.speculative.draft_step import DraftStep
 from sgl_inkling.speculative.levels import DepthChain, LevelSeq
 
 GRAPH_MAX_BS = 64  # larger speculative batches run eagerly (they are compute-bound anyway)
 
 
-class MTPWorker:
-    def __init__(self, runner: ModelRunner, num_steps: int | None, grammar_backend=None):
+class MTPWorker(DraftControl):
+    def __init__(
+        self,
+        runner: ModelRunner,
+        num_steps: int | None,
+        grammar_backend=None,
+        adaptive: bool = False,
+        token_map: torch.Tensor | None = None,  # draft vocabulary (--speculative-token-map)
+    ):
         model = runner.model
         depths = model.num_mtp_layers
         if depths == 0:
@@ -40,7 +49,8 @@ class MTPWorker:
         if not 1 <= num_steps <= depths:
             raise ValueError(f"--speculative-num-steps must be in 1..{depths} for this checkpoint, got {num_steps}")
         self.runner = runner
-        self.num_steps = num_steps  # drafts per step = depths used
+        self.num_steps = num_steps  # the most drafts per step (depths used)
+        model.set_draft_vocab(token_map)  # before any graph capture: graphs read the draft head
         self.grammar = grammar_backend
         cfg = model.cfg
         pool = runner.sconv_pool
@@ -60,19 +70,33 @@ class MTPWorker:
         # DraftStep pads every request to the longest case: worth it only where it replaces launch
         # overhead (CUDA graphs); the ragged DepthChain does less work everywhere else. Tests set it.
         self.fixed_shapes = False
+        # Adaptive: each step drafts the k in 0..K that the measured costs and acceptance favour.
+        self._init_draft_control(num_steps, adaptive)
+        # Verify widths (k + 1 tokens per request) that replay from graphs: all of them when adaptive.
+        widths = range(num_steps + 1, 0, -1) if adaptive else [num_steps + 1]
         if runner.graphs is not None:  # CUDA graphs on: verify and draft steps replay per batch bucket too
             from sgl_inkling.speculative.draft_graphs import DraftGraphRunner
             from sgl_inkling.speculative.verify_graphs import VerifyGraphRunner
 
             max_bs = min(GRAPH_MAX_BS, runner.graphs.buckets[-1])
-            self.verify_graphs = VerifyGraphRunner(runner, num_steps + 1, self.trunk_capture, max_bs)
-            self.draft_graphs = DraftGraphRunner(self.step, max_bs)
+            graph_pool = torch.cuda.graph_pool_handle()  # one pool: a step's graphs run one after another
+            self.verify_graphs = {r: VerifyGraphRunner(runner, r, self.trunk_capture, max_bs, graph_pool) for r in widths}
+            self.draft_graphs = DraftGraphRunner(self.step, max_bs, [r - 1 for r in widths], graph_pool)
             self.fixed_shapes = True
-        self.forced_accept: float | None = None  # benchmark-only switch (bench_one_batch --mtp-accept)
-        self._forced_credit = 0.0
         self.num_verify_steps = 0
         self.num_verify_tokens = 0  # tokens emitted by verify steps (accepted drafts + one each)
         self.num_fixed_shape_steps = 0  # draft steps DraftStep ran (the rest ran DepthChain)
+        if adaptive:
+            from sgl_inkling.speculative.step_costs import measure_step_costs
+
+            if self.verify_graphs:
+                from sgl_inkling.distributed.sync import broadcast_object
+
+                # Rank 0's timings on every rank: all TP ranks must draft the same k every step.
+                self.costs = broadcast_object(measure_step_costs(self))
+            else:
+                self.costs = StepCosts.given(num_steps)
+            self.k = self.choose(1)
 
     # ---------------------------------------------------------------- prefill
 
@@ -106,21 +130,24 @@ class MTPWorker:
                 tokens = tokens + [req.fill_ids[req.kv_len]]  # the pending token, consumed speculatively
             seqs.append(LevelSeq(req.row, start, tokens, req.kv_len, h, want_drafts=not req.finished))
         open_grammars = self._start_grammars(reqs)
-        drafts = self.chain.run(seqs, pick_drafts=lambda d, idx, logits: self._pick(reqs, d, idx, logits))
+        pick = lambda d, idx, logits: self._pick(reqs, d, idx, logits)  # noqa: E731
+        drafts = self.chain.run(seqs, pick_drafts=pick, num_drafts=self.k)
         live = [i for i, req in enumerate(reqs) if not req.finished]
         if live:
             rows = to_device([reqs[i].row for i in live], torch.int64, self.runner.device)
-            self.draft_buf[rows] = to_device([drafts[i] for i in live], torch.int64, self.runner.device)
+            if self.k:
+                self.draft_buf[rows, : self.k] = to_device([drafts[i] for i in live], torch.int64, self.runner.device)
         for req in open_grammars:
             req.grammar.rollback(req.draft_tentative)
             req.draft_tentative = 0
 
     def _start_grammars(self, reqs: list[Req]) -> list[Req]:
-        """Row 0 of each constrained request's verify masks is its grammar's state now."""
+        """Row 0 of each constrained request's verify masks is its grammar's state now; every request
+        gets self.k drafts."""
         out = []
         for req in reqs:
             req.draft_masks, req.draft_tentative, req.draft_open = None, 0, False
-            req.draft_limit = self.num_steps
+            req.draft_limit = req.draft_count = self.k
             g = req.grammar
             if req.finished or g is None or not g.active:
                 continue
@@ -133,6 +160,10 @@ class MTPWorker:
     def _pick(self, reqs: list[Req], depth: int, idx: list[int], logits: torch.Tensor) -> list[int]:
         """Depth `depth`'s drafts: the argmax, within the grammar when the request has one."""
         logits = logits.float()
+        vocab = self.runner.model.draft_vocab
+        if vocab is not None:  # draft logits cover the token map only: the rest cannot be drafted
+            full = logits.new_full((logits.shape[0], self.runner.model.cfg.unpadded_vocab_size), float("-inf"))
+            logits = full.index_copy_(1, vocab, logits)
         masked = [k for k, i in enumerate(idx) if reqs[i].draft_open]
         if masked:
             rows = torch.cat([reqs[idx[k]].draft_masks[depth : depth + 1] for k in masked])
@@ -157,46 +188,48 @@ class MTPWorker:
     # ---------------------------------------------------------------- verify
 
     def verify_ids(self, reqs: list[Req]) -> tuple[torch.Tensor, torch.Tensor]:
-        """The requests' rows [B] and, [B, K + 1], each one's pending token then its drafts (device)."""
+        """The requests' rows [B] and, [B, k + 1], each one's pending token then its drafts (device),
+        k the most drafts any of them has (a request with fewer accepts at most its own count)."""
         dev = self.runner.device
+        k = max(q.draft_count for q in reqs)
         rows = to_device([q.row for q in reqs], torch.int64, dev)
         pending = to_device([q.fill_ids[q.kv_len] for q in reqs], torch.int64, dev)
-        return rows, torch.cat([pending[:, None], self.draft_buf[rows]], dim=1)
+        return rows, torch.cat([pending[:, None], self.draft_buf[rows, :k]], dim=1)
 
-    def verify(self, batch, ids: torch.Tensor, reqs: list[Req], limits: list[int], keep_raw: bool):
+    def verify(self, batch, ids: torch.Tensor, reqs: list[Req], limits: list[int]):
         """The trunk over [pending token, drafts] of every request (conv windows captured), and
-        the acceptance decisions. Returns (trunk output, logits [B, K + 1, V] with grammar masks
-        applied, the logits before the masks when keep_raw, acceptance.Accepted)."""
-        b, r, dev = len(reqs), self.num_steps + 1, self.runner.device
+        the acceptance decisions. Returns (trunk output, logits [B, k + 1, V] with grammar masks
+        applied, acceptance.Accepted)."""
+        b, r, dev = len(reqs), ids.shape[1], self.runner.device
         batch.sconv_capture = self.trunk_capture
         forced = self.forced_counts(b)
         limits_t = to_device(limits, torch.int64, dev)
         forced_t = to_device(forced if forced is not None else [-1] * b, torch.int64, dev)
         acc = None
-        if self.verify_graphs is not None and self.verify_graphs.can_run(batch):
-            out, acc = self.verify_graphs.replay(batch, limits_t, forced_t)
+        graphs = self.verify_graphs.get(r) if self.verify_graphs is not None else None
+        if graphs is not None and graphs.can_run(batch):
+            out, acc = graphs.replay(batch, limits_t, forced_t)
         else:
             out = self.runner.forward(batch)
         logits = out.logits.view(b, r, -1)
-        raw = logits.clone() if keep_raw else None
         masked = self.verify_masks(reqs, logits)
         if forced is None and not all(q.sampling_params.is_greedy for q in reqs):
             acc = sample_accept(logits, ids, [q.sampling_params for q in reqs], limits_t)
         elif acc is None or masked:
             acc = greedy_accept(logits, ids, limits_t, forced_t)
-        return out, logits, raw, acc
+        return out, logits, acc
 
     def verify_masks(self, reqs: list[Req], logits: torch.Tensor) -> bool:
-        """Apply each constrained request's per-row masks to its verify logits [B, K + 1, V];
+        """Apply each constrained request's per-row masks to its verify logits [B, k + 1, V];
         whether there were any."""
         if self.grammar is None:
             return False
-        r = self.num_steps + 1
+        r = logits.shape[1]
         rows, parts = [], []
         for i, req in enumerate(reqs):
             if req.draft_masks is None:
                 continue
-            n = min(req.draft_limit, self.num_steps) + 1
+            n = min(req.draft_limit, r - 1) + 1
             rows.extend(i * r + j for j in range(n))
             parts.append(req.draft_masks[:n])
         if not rows:
@@ -214,7 +247,8 @@ class MTPWorker:
         """After a verify whose first kept[i] tokens each request keeps (kv_len already moved on):
         roll the trunk back to them, let every depth consume them and draft the next tokens.
         rows and ids are verify_ids' results."""
-        b, r, dev = len(reqs), self.num_steps + 1, self.runner.device
+        b, r, dev = len(reqs), ids.shape[1], self.runner.device
+        self.k = self.choose(sum(not q.finished for q in reqs))
         n = to_device(kept, torch.int64, dev)
         if not self._draft_step_covers(reqs, starts):
             self.step.restore(self.trunk_capture.items(), rows, n)
@@ -232,9 +266,9 @@ class MTPWorker:
         )
         self.num_fixed_shape_steps += 1
         if self.draft_graphs is not None:
-            self.draft_graphs.replay(*args)
+            self.draft_graphs.replay(*args, depths=self.k)
         else:
-            self.step.run(*args, host_start=starts)
+            self.step.run(*args, host_start=starts, depths=self.k)
 
     def _draft_step_covers(self, reqs: list[Req], starts: list[int]) -> bool:
         """DraftStep covers the batch: it is on and fits the graphs, no grammar picks drafts, every
@@ -246,19 +280,16 @@ class MTPWorker:
         limit = self.runner.req_to_token.max_context_len
         return min(starts) >= self.step.min_start() and max(self.step.max_token(s) for s in starts) < limit
 
-    def forced_counts(self, n: int) -> list[int] | None:
-        """Benchmark-only: accept lengths averaging `forced_accept` tokens per step (e.g. 2.5 gives
-        drafts accepted 1, 2, 1, 2, ... so each step emits 2 or 3 tokens)."""
-        if self.forced_accept is None:
-            return None
-        self._forced_credit += self.forced_accept - 1.0
-        a = int(self._forced_credit)
-        self._forced_credit -= a
-        return [a] * n
-
-    def stats(self) -> dict[str, float]:
+    def stats(self) -> dict:
         steps = self.num_verify_steps
         return {
+            "speculative_adaptive": self.adaptive,
+            "spec_num_drafts": self.k,
+            "spec_draft_steps_by_k": list(self.k_steps),
+            "spec_accept_rate_by_depth": self.tracker.measured(),
+            "spec_accept_rate_by_depth_ewma": [round(x, 4) for x in self.tracker.rates],
+            "spec_verified_drafts_by_depth": list(self.tracker.reached),
+            "spec_step_costs": self.costs.as_dict() if self.costs is not None else None,
             "speculative_num_steps": self.num_steps,
             "spec_verify_steps": steps,
             "avg_spec_accept_length": self.num_verify_tokens / steps if steps else 0.0,

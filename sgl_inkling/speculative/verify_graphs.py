@@ -7,7 +7,9 @@ counts); sampled or grammar-masked batches judge the graph's logits outside it. 
 requests use the runner's reserved row with no prefix and the padding KV slot 0, as in decode.
 The graphs share one memory pool (captured largest first): a verify's outputs are consumed before
 the next verify replays, and [K + 1 tokens x vocabulary] logits per request make separate pools
-too costly next to the weights.
+too costly next to the weights. Adaptive drafting keeps one runner per verify width, all in one
+pool. With capture=False nothing is captured: `step` runs the padded batch eagerly (start-up cost
+measurement on CPU).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ _ACCEPT = ("limits", "forced")  # per request: most drafts it may accept; forced
 
 
 class VerifyGraphRunner:
-    def __init__(self, runner, tokens_per_req: int, capture: dict, max_bs: int):
+    def __init__(self, runner, tokens_per_req: int, capture: dict, max_bs: int, pool=None, graphs: bool = True):
         self.runner = runner
         self.r = tokens_per_req
         self.capture = capture
@@ -38,7 +40,9 @@ class VerifyGraphRunner:
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.outputs: dict[int, tuple[ModelOutput, Accepted]] = {}
         self.batches: dict[int, ForwardBatch] = {}
-        self.pool = torch.cuda.graph_pool_handle()
+        if not graphs:
+            return
+        self.pool = pool if pool is not None else torch.cuda.graph_pool_handle()
         for bs in reversed(self.buckets):
             self._capture(bs)
 
@@ -60,16 +64,18 @@ class VerifyGraphRunner:
         batch.sconv_capture = self.capture
         return batch
 
+    def step(self, bs: int, batch: ForwardBatch | None = None) -> tuple[ModelOutput, Accepted]:
+        """The verify and the greedy decisions on the static inputs of bucket bs."""
+        s = self.static
+        batch = batch if batch is not None else self._batch(bs)
+        out = self.runner.forward_eager(batch)
+        ids = s["input_ids"][: bs * self.r].view(bs, self.r)
+        logits = out.logits.view(bs, self.r, -1)
+        return out, greedy_accept(logits, ids, s["limits"][:bs], s["forced"][:bs])
+
     def _capture(self, bs: int) -> None:
-        batch, s = self._batch(bs), self.static
-
-        def step() -> tuple[ModelOutput, Accepted]:
-            out = self.runner.forward_eager(batch)
-            ids = s["input_ids"][: bs * self.r].view(bs, self.r)
-            logits = out.logits.view(bs, self.r, -1)
-            return out, greedy_accept(logits, ids, s["limits"][:bs], s["forced"][:bs])
-
-        graph, out = capture_graph(step, self.pool)
+        batch = self._batch(bs)
+        graph, out = capture_graph(lambda: self.step(bs, batch), self.pool)
         self.graphs[bs], self.outputs[bs], self.batches[bs] = graph, out, batch
 
     def can_run(self, batch: ForwardBatch) -> bool:

@@ -7,6 +7,7 @@ wrong often enough to reject): the reference is the same checkpoint served witho
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 
@@ -14,19 +15,21 @@ import pytest
 
 from test.unit.helpers import random_prompt
 
-from .mtp_common import check_schema_requests, draftable_server, run
+from .mtp_common import SCHEMA, check_schema_requests, draftable_server, run
+
+CHAT = ("--tool-call-parser", "inkling", "--reasoning-parser", "inkling")  # chat with tools
 
 
 @pytest.fixture(scope="module")
 def ref(draftable):
-    s = draftable_server(draftable)
+    s = draftable_server(draftable, *CHAT)
     yield s
     s.stop()
 
 
 @pytest.fixture(scope="module")
 def mtp(draftable):
-    s = draftable_server(draftable, "--speculative-algorithm", "MTP")  # all 8 depths, radix cache on
+    s = draftable_server(draftable, "--speculative-algorithm", "MTP", *CHAT)  # all 8 depths, radix cache on
     yield s
     s.stop()
 
@@ -69,6 +72,10 @@ def test_greedy_equals_non_speculative_batched(ref, mtp):
     info = mtp.internal_state()
     assert info["speculative_num_steps"] == 8
     assert info["avg_spec_accept_length"] > 1.5
+    # Adaptive by default: per-depth acceptance measured, the drafts per step chosen from it.
+    assert info["speculative_adaptive"] and len(info["spec_accept_rate_by_depth"]) == 8
+    assert 0 < info["spec_accept_rate_by_depth"][0] < 1 and info["spec_verified_drafts_by_depth"][0] > 0
+    assert sum(info["spec_draft_steps_by_k"]) > 0
     mtp.wait_idle_baseline()
 
 
@@ -109,6 +116,57 @@ def test_retraction_and_no_radix_cache(ref, mtp_small):
 
 def test_json_schema_drafts_are_masked(ref, mtp):
     check_schema_requests(ref, mtp, n=4, prompt_len=10, seed=900, new_tokens=150)
+    mtp.wait_idle_baseline()
+
+
+def test_json_schema_logprobs_equal_the_plain_paths(ref, mtp):
+    """Logprobs of a grammar-constrained request are taken after the grammar mask with MTP as
+    without it (the plain path's convention), top logprobs included."""
+    body = {
+        "input_ids": random_prompt(14, seed=905),
+        "sampling_params": {"temperature": 0, "max_new_tokens": 60, "json_schema": json.dumps(SCHEMA)},
+        "return_logprob": True,
+        "top_logprobs_num": 3,
+    }
+    want, got = ref.generate(**body), mtp.generate(**body)
+    assert got["output_ids"] == want["output_ids"]
+    assert got["meta_info"]["spec_accepted_drafts"] > 0
+    w, g = want["meta_info"], got["meta_info"]
+    assert [t for _, t, _ in g["output_token_logprobs"]] == got["output_ids"]
+    for (lw, _, _), (lg, _, _) in zip(w["output_token_logprobs"], g["output_token_logprobs"], strict=True):
+        assert lg == pytest.approx(lw, abs=1e-4)
+    for tw, tg in zip(w["output_top_logprobs"], g["output_top_logprobs"], strict=True):
+        assert [t for _, t, _ in tg] == [t for _, t, _ in tw]
+        assert [v for v, _, _ in tg] == pytest.approx([v for v, _, _ in tw], abs=1e-4)
+    # After the mask, a position where the grammar allows one token has probability 1.
+    assert max(lp for lp, _, _ in g["output_token_logprobs"]) > -1e-4
+    mtp.wait_idle_baseline()
+
+
+def test_tool_calls_equal_the_plain_paths(ref, mtp):
+    """Chat with tools (the TMLv0 tool grammar constrains drafts and verify rows): the same calls."""
+    tools = [{"type": "function", "function": {"name": n, "parameters": {
+        "type": "object", "properties": {"q": {"type": "string", "maxLength": 6}, "n": {"type": "integer",
+        "minimum": 0, "maximum": 99}}, "required": ["q", "n"]}}} for n in ("find", "count")]  # fmt: skip
+    bodies = [
+        {"messages": [{"role": "user", "content": f"look up item {i}"}], "tools": tools,
+         "tool_choice": "required", "temperature": 0, "max_tokens": 80, "reasoning_effort": "none"}
+        for i in range(3)
+    ]  # fmt: skip
+
+    def calls(server) -> list:
+        out, model = [], server.get("/v1/models").json()["data"][0]["id"]
+        for b in bodies:
+            r = server.post("/v1/chat/completions", {**b, "model": model})
+            assert r.status_code == 200, r.text
+            c = r.json()["choices"][0]
+            out.append((c["finish_reason"], [(t["function"]["name"], t["function"]["arguments"])
+                                             for t in c["message"].get("tool_calls") or []]))  # fmt: skip
+        return out
+
+    want = calls(ref)
+    assert all(f == "tool_calls" and len(tc) == 1 for f, tc in want), want
+    assert calls(mtp) == want
     mtp.wait_idle_baseline()
 
 

@@ -67,6 +67,8 @@ def _check_model(label: str, path: str, jobs: dict, exact: bool, **server) -> No
             REPORT[case]["draft_cuda_graph"] = info["spec_draft_cuda_graph"]
             REPORT[case]["fixed_shape_draft_steps"] = info["spec_fixed_shape_draft_steps"]
             REPORT[case]["verify_steps"] = info["spec_verify_steps"]
+            REPORT[case]["draft_steps_by_k"] = info["spec_draft_steps_by_k"]  # adaptive (default on)
+            REPORT[case]["step_costs"] = info["spec_step_costs"]  # measured from the graphs at start-up
         assert info["spec_verify_cuda_graph"], "CUDA graphs are on by default: verify must replay from them"
         assert info["spec_draft_cuda_graph"] and info["spec_fixed_shape_draft_steps"] > 0, "draft steps must replay too"
         for g in got.get("json_schema", []):

@@ -21,6 +21,7 @@ from sgl_inkling.sampling.sampler import sampling_distribution
 from sgl_inkling.sampling.sampling_batch_info import SamplingBatchInfo
 from sgl_inkling.sampling.sampling_params import SamplingParams
 from sgl_inkling.server_args import ServerArgs
+from sgl_inkling.speculative.adaptive import StepCosts
 
 from .helpers import random_prompt
 
@@ -62,6 +63,7 @@ def draft_path(sched, request):
 
 def test_state_after_rejections_equals_fresh_prefill(sched, draft_path):
     s = sched
+    s.spec.configure(adaptive=False)  # every step drafts all 8 depths: rejections at every depth
     a = submit(s, "a", random_prompt(37, seed=11), temperature=0.8, top_k=4, max_new_tokens=400)
     while len(a.output_ids) < 70:
         step(s)
@@ -103,18 +105,21 @@ def test_fixed_shape_drafts_equal_the_ragged_chain(sched):
     prompts = [random_prompt(n, seed=40 + n) for n in (9, 23, 31, 50)]
 
     def run(fixed: bool) -> list[tuple]:
+        # Adaptive from the same start: the same drafts give the same k every step (0..8 drafting depths).
+        s.spec.configure(adaptive=True, costs=StepCosts({1: [1.0 + 0.3 * k for k in range(9)]}))
         s.spec.fixed_shapes = fixed
         reqs = [submit(s, f"g{fixed}{i}", p, temperature=0, max_new_tokens=24 + 5 * i) for i, p in enumerate(prompts)]
         while any(not r.finished for r in reqs):
             step(s)
         s.spec.fixed_shapes = False
-        return [(r.output_ids, r.spec_verify_ct, r.spec_accepted_drafts) for r in reqs]
+        return [(r.output_ids, r.spec_verify_ct, r.spec_accepted_drafts) for r in reqs] + [s.spec.k_steps]
 
     ragged = run(False)
     before = s.spec.num_fixed_shape_steps
     fixed = run(True)
     assert s.spec.num_fixed_shape_steps > before
-    assert sum(x[2] for x in ragged) > 20, "drafts should be accepted often enough to matter"
+    assert sum(x[2] for x in ragged[:-1]) > 20, "drafts should be accepted often enough to matter"
+    assert sum(1 for n in ragged[-1] if n) >= 2, ragged[-1]  # steps drafted different numbers of tokens
     assert fixed == ragged
     assert s.kv.full.available == s.kv.full.num_slots and s.kv.swa.available == s.kv.swa.num_slots
 
@@ -148,6 +153,8 @@ def test_rejection_sampling_keeps_the_distribution(sched):
     assert len(exact) == 27 and abs(sum(exact.values()) - 1) < 1e-5
 
     n = 600
+    # Adaptive, with costs under which 1..3 drafts pay (and 4 on exploration steps).
+    s.spec.configure(adaptive=True, costs=StepCosts({1: [1.0, 1.05, 1.1, 1.15] + [3.0] * 5}))
     torch.manual_seed(0)  # the acceptance draws come from the global generator: a fixed sample
     reqs = [submit(s, f"chi{i}", prompt, **params) for i in range(n)]
     accepted_before = sum(r.spec_accepted_drafts for r in reqs)
@@ -167,6 +174,7 @@ def test_rejection_sampling_keeps_the_distribution(sched):
         exp[-2] += exp.pop()
     assert chisquare(obs, exp).pvalue > 1e-3, list(zip(obs, exp))
     assert list(itertools.chain(*(r.output_ids for r in reqs)))  # nothing empty
+    assert sum(1 for c in s.spec.k_steps if c) >= 2, s.spec.k_steps  # steps drafted different numbers
     s.abort("", abort_all=True)
 
 

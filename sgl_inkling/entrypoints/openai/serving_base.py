@@ -278,6 +278,20 @@ class ClosingStreamingResponse(StreamingResponse):
                     await aclose()
 
 
+def take_output(c: Choice, out: Any) -> str | None:
+    """Record one output of merge_streams on its choice. Returns the SSE error event that ends the
+    stream when the output is a failure or an abort, else None."""
+    if isinstance(out, BaseException):
+        return stream_error(out)
+    c.last = out
+    reason = finish_reason_of(out)
+    if reason is not None:
+        c.finished = True
+        if reason.get("type") == "abort":
+            return stream_error(abort_error(reason))
+    return None
+
+
 def stream_error(e: BaseException) -> str:
     """The SSE event for a failure after the stream started (the openai client raises on it)."""
     if isinstance(e, RequestError):

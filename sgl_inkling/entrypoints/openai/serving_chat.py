@@ -39,7 +39,6 @@ from sgl_inkling.entrypoints.openai.serving_base import (
     Choice,
     ClosingStreamingResponse,
     TokenizerManager,
-    abort_error,
     check_model,
     error_response,
     finish_reason_of,
@@ -50,7 +49,7 @@ from sgl_inkling.entrypoints.openai.serving_base import (
     run_to_completion,
     sampling_params,
     sse,
-    stream_error,
+    take_output,
     usage_of,
 )
 from sgl_inkling.managers.io_struct import GenerateReqInput
@@ -372,16 +371,10 @@ async def _stream(
             role = DeltaMessage(role="assistant", content="")
             yield chunk([ChatCompletionStreamChoice(index=c.index, delta=role)])
         async for c, out in merged:
-            if isinstance(out, BaseException):
-                yield stream_error(out)
+            failed = take_output(c, out)
+            if failed is not None:
+                yield failed
                 break
-            c.last = out
-            reason = finish_reason_of(out)
-            if reason is not None:
-                c.finished = True
-                if reason.get("type") == "abort":
-                    yield stream_error(abort_error(reason))
-                    break
             for part in _step(tm, req, c, states[c.index], out):
                 yield chunk([part])
         else:

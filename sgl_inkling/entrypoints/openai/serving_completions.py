@@ -19,7 +19,6 @@ from sgl_inkling.entrypoints.openai.serving_base import (
     Choice,
     ClosingStreamingResponse,
     TokenizerManager,
-    abort_error,
     check_model,
     finish_reason_of,
     make_choice,
@@ -29,7 +28,7 @@ from sgl_inkling.entrypoints.openai.serving_base import (
     run_to_completion,
     sampling_params,
     sse,
-    stream_error,
+    take_output,
     usage_of,
 )
 from sgl_inkling.managers.io_struct import GenerateReqInput
@@ -198,16 +197,10 @@ async def _stream(tm: TokenizerManager, req: CompletionRequest, choices: list[Ch
     merged = merge_streams(tm, choices)
     try:
         async for c, out in merged:
-            if isinstance(out, BaseException):
-                yield stream_error(out)
+            failed = take_output(c, out)
+            if failed is not None:
+                yield failed
                 break
-            c.last = out
-            reason = finish_reason_of(out)
-            if reason is not None:
-                c.finished = True
-                if reason.get("type") == "abort":
-                    yield stream_error(abort_error(reason))
-                    break
             choice = _stream_delta(tm, req, c, out)
             if choice is not None:
                 chunk = CompletionResponse(id=rid, model=tm.model_name, choices=[choice])

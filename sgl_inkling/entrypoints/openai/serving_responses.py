@@ -25,14 +25,12 @@ from sgl_inkling.entrypoints.openai.responses_events import EventWriter
 from sgl_inkling.entrypoints.openai.serving_base import (
     ClosingStreamingResponse,
     TokenizerManager,
-    abort_error,
     check_model,
     error_response,
-    finish_reason_of,
     merge_streams,
     prime_streams,
     run_to_completion,
-    stream_error,
+    take_output,
     usage_of,
     validation_message,
 )
@@ -161,16 +159,10 @@ async def _events(tm, req, chat, setup, choices, rid, finish) -> AsyncIterator[s
     merged = merge_streams(tm, choices)
     try:
         async for c, out in merged:
-            if isinstance(out, BaseException):
-                yield stream_error(out)
+            failed = take_output(c, out)
+            if failed is not None:
+                yield failed
                 return
-            c.last = out
-            reason = finish_reason_of(out)
-            if reason is not None:
-                c.finished = True
-                if reason.get("type") == "abort":
-                    yield stream_error(abort_error(reason))
-                    return
             for part in _step(tm, chat, c, state, out):
                 for event in w.delta(part):
                     yield event

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from sgl_inkling.layers.linear import Linear
+from sgl_inkling.layers.linear import Linear, linear
 from sgl_inkling.model_executor.forward_batch import ForwardBatch
 from sgl_inkling.models.inkling.audio import InklingAudio
 from sgl_inkling.models.inkling.config import SLIDING, InklingConfig, InklingTextConfig
@@ -61,6 +61,8 @@ class InklingForCausalLM(nn.Module):
         self.cfg = config.text
         self.modalities = tuple(modalities)
         self.model = InklingModel(config, self.modalities)
+        self.draft_vocab: torch.Tensor | None = None  # MTP draft vocabulary (set_draft_vocab)
+        self.draft_head: torch.Tensor | None = None
 
     @property
     def num_mtp_layers(self) -> int:
@@ -90,6 +92,24 @@ class InklingForCausalLM(nn.Module):
         """LM head on final-normed hidden states: divide by the muP width multiplier, slice the padding."""
         h = normed_hidden / self.cfg.logits_mup_width_multiplier
         return self.model.llm.unembed(h).float()[:, : self.cfg.unpadded_vocab_size]
+
+    def set_draft_vocab(self, token_ids: torch.Tensor | None) -> None:
+        """MTP depths compute logits over these token ids only (a draft vocabulary; None: all). The
+        rows of the LM head are copied once, so a draft logit costs [len(ids), H], not [V, H]."""
+        if token_ids is None:
+            self.draft_vocab = self.draft_head = None
+            return
+        weight = self.model.llm.unembed.weight
+        self.draft_vocab = token_ids.to(device=weight.device, dtype=torch.int64)
+        self.draft_head = weight.detach()[self.draft_vocab].contiguous()
+
+    def draft_logits(self, normed_hidden: torch.Tensor) -> torch.Tensor:
+        """An MTP depth's logits: over the draft vocabulary when one is set ([N, len(draft_vocab)],
+        column j is token draft_vocab[j]), else the full LM head's."""
+        if self.draft_head is None:
+            return self.logits(normed_hidden)
+        h = normed_hidden / self.cfg.logits_mup_width_multiplier
+        return linear(h, self.draft_head).float()
 
     def embed_tokens(self, input_ids: torch.Tensor) -> torch.Tensor:
         llm = self.model.llm
@@ -121,5 +141,5 @@ class InklingForCausalLM(nn.Module):
         h = self.model.mtp.layers[depth](prev_hidden, self.model.llm.embed(batch.input_ids), batch)
         if self.model.mtp.chain_norm is not None:
             h = self.model.mtp.chain_norm(h)
-        logits = self.logits(self.model.llm.norm(h[batch.logits_indices]))
+        logits = self.draft_logits(self.model.llm.norm(h[batch.logits_indices]))
         return ModelOutput(logits=logits, hidden=h)

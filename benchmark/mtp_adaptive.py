@@ -1,0 +1,161 @@
+"""Adaptive MTP for bench_one_batch --mtp: tokens per second per user when drafts are accepted at a
+forced per-depth curve, for every fixed number of drafts k = 1..K and for the adaptive chooser.
+
+The curve (--mtp-accept-curve, default the public Inkling MTP8 one) gives a_d, the chance that the
+first d drafts are all accepted; each step draws every request's accepted count from it
+(MTPWorker.forced_curve, a benchmark-only switch: with dummy weights no draft is ever right). Steps
+run as serving runs them: the verify of k + 1 tokens per request (its graph on CUDA, greedy rule
+with the forced counts inside), one read of the decisions, then the draft step for the next k (its
+graph per (bucket, k) on CUDA). The adaptive run starts from flat estimates (0.5 per depth), learns
+the curve from its own steps (untimed warm-up) and picks k from the step costs MTPWorker measured
+at start-up. The 66-layer figure scales the verify's trunk part by 22 (3 slice layers -> 66; the
+LM head is counted once, at its bandwidth floor) and keeps the draft step as measured (the 8 MTP
+depths are full size in the slice): an approximation, labelled as such.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import Counter
+
+import torch
+
+from sgl_inkling.model_executor.forward_batch import ForwardMode
+from sgl_inkling.model_executor.model_runner import ModelRunner
+from sgl_inkling.models.inkling.slice_config import NUM_FULL_MODEL_LAYERS
+from sgl_inkling.speculative.acceptance import greedy_accept
+from sgl_inkling.speculative.adaptive import AcceptanceTracker, conditional_rates, expected_tokens
+from sgl_inkling.speculative.mtp_worker import MTPWorker
+from sgl_inkling.speculative.step_costs import measure_step_costs
+
+
+def run_adaptive(model, cfg, bsz: int, args, gen, h) -> dict:
+    """h: bench_one_batch's helpers (Clock, Seqs, nbytes, to_ms)."""
+    k_max = args.mtp_steps
+    curve = list(args.mtp_accept_curve)[:k_max]
+    clock = h.Clock(model.model.llm.embed.weight.device)
+    modes: list[int | str] = [*range(1, k_max + 1), "adaptive"]
+    timed = args.warmup_steps + args.decode_steps
+    ctx = args.input_len + (len(modes) * timed + args.mtp_adaptive_warmup) * (2 * k_max + 2) + 16
+    runner = ModelRunner(model, bsz, ctx, bsz * ctx, attention_backend=args.attention_backend,
+                         cuda_graph_max_bs=bsz if clock.cuda else 0)  # fmt: skip
+    worker = MTPWorker(runner, k_max, adaptive=True)
+    if worker.verify_graphs is None:  # no graphs (CPU smoke run): time the same padded steps eagerly
+        worker.costs = measure_step_costs(worker)
+    seqs = h.Seqs(runner, bsz)
+
+    def rand(n: int) -> list[list[int]]:
+        return torch.randint(0, cfg.unpadded_vocab_size, (bsz, n), generator=gen).tolist()
+
+    runner.forward(seqs.batch(rand(args.input_len)))
+    head_floor = h.to_ms(h.nbytes(model.model.llm.unembed))
+    trunk_scale = NUM_FULL_MODEL_LAYERS / len(model.model.llm.layers)
+    rates = conditional_rates(curve)
+    out = []
+    for mode in modes:
+        worker.configure(adaptive=mode == "adaptive", costs=worker.costs)
+        worker.tracker = AcceptanceTracker(k_max, prior=[0.5])
+        worker.forced_curve = curve
+        k = worker.choose(bsz) if mode == "adaptive" else mode
+        warm = args.warmup_steps + (args.mtp_adaptive_warmup if mode == "adaptive" else 0)
+        verify_ms, draft_ms, tokens, ks = [], [], [], []
+        for step in range(warm + args.decode_steps):
+            k_next, times, emitted = _step(worker, runner, seqs, clock, rand, k, mode, bsz)
+            if step >= warm:
+                verify_ms.append(times[0])
+                draft_ms.append(times[1])
+                tokens.append(emitted)
+                ks.append(k)
+            k = k_next
+        verify, draft = statistics.median(verify_ms), statistics.median(draft_ms)
+        per_step = statistics.fmean(tokens)
+        verify66 = max(verify - head_floor, 0.0) * trunk_scale + head_floor
+        out.append({
+            "k": mode,
+            "k_used": dict(Counter(ks)),
+            "tokens_per_step": per_step,
+            "expected_tokens_per_step": statistics.fmean(expected_tokens(rates, x) for x in ks),
+            "verify_ms": verify,
+            "draft_ms": draft,
+            "step_ms": verify + draft,
+            "tok_per_s_per_user": per_step * 1e3 / (verify + draft),
+            "extrapolated_66_layers": {"step_ms": verify66 + draft,
+                                       "tok_per_s_per_user": per_step * 1e3 / (verify66 + draft)},
+        })  # fmt: skip
+    worker.forced_curve = None
+    seqs.free()
+    best = max((r for r in out if r["k"] != "adaptive"), key=lambda r: r["extrapolated_66_layers"]["tok_per_s_per_user"])
+    adaptive = out[-1]
+    return {
+        "batch_size": bsz,
+        "num_steps": k_max,
+        "benchmark_only_forced_acceptance_curve": curve,
+        "cuda_graphs": worker.verify_graphs is not None,
+        "step_costs": worker.costs.as_dict(),
+        "runs": out,
+        "best_fixed_k": best["k"],
+        "adaptive_vs_best_fixed": adaptive["extrapolated_66_layers"]["tok_per_s_per_user"]
+        / best["extrapolated_66_layers"]["tok_per_s_per_user"],
+    }
+
+
+def _step(worker: MTPWorker, runner, seqs, clock, rand, k: int, mode, bsz: int) -> tuple[int, tuple, float]:
+    """One verify of k drafts and the draft step after it; returns (next k, (verify ms, draft ms),
+    mean tokens emitted)."""
+    dev = runner.device
+    starts = list(seqs.lens)
+    vb = seqs.batch(rand(k + 1), logits_counts=[k + 1] * bsz)
+    vb.mode = ForwardMode.EXTEND  # a one-token verify (k = 0) is still a verify: its conv windows are captured
+    vb.sconv_capture = worker.trunk_capture
+    ids = vb.input_ids.view(bsz, k + 1)
+    limits = torch.full((bsz,), k, dtype=torch.int64, device=dev)
+    forced = torch.tensor(worker.forced_counts(bsz), dtype=torch.int64, device=dev)
+    a = clock.mark()
+    graphs = (worker.verify_graphs or {}).get(k + 1)
+    if graphs is not None and graphs.can_run(vb):
+        res, acc = graphs.replay(vb, limits, forced)
+    else:
+        res = runner.forward(vb)
+        acc = greedy_accept(res.logits.view(bsz, k + 1, -1), ids, limits, forced)
+    accepted = acc.lengths.tolist()  # the step's one read, as in serving
+    b = clock.mark()
+    worker.observe(accepted, [k] * bsz)
+    k_next = worker.choose(bsz) if mode == "adaptive" else k
+    kept = [x + 1 for x in accepted]
+    seqs.lens = [s + n for s, n in zip(starts, kept)]
+    seqs.extra_slots(starts, k + 1, max(kept) + worker.num_steps + 1)
+    args = (
+        torch.tensor(seqs.rows, device=dev),
+        torch.tensor(starts, device=dev),
+        torch.tensor(kept, device=dev),
+        torch.ones(bsz, dtype=torch.int64, device=dev),
+        ids,
+        torch.tensor([t[0] for t in rand(1)], device=dev),
+        res.hidden.view(bsz, k + 1, -1),
+    )
+    c = clock.mark()
+    if worker.draft_graphs is not None and bsz <= worker.draft_graphs.max_bs:
+        worker.draft_graphs.replay(*args, depths=k_next)
+    else:
+        worker.step.run(*args, host_start=starts, depths=k_next)
+    e = clock.mark()
+    clock.sync()
+    return k_next, (clock.ms(a, b), clock.ms(c, e)), statistics.fmean(kept)
+
+
+def print_adaptive_table(results: list[dict], runs: list[dict]) -> None:
+    """Per batch size: each fixed k and adaptive; tok/s/user measured and at 66 layers, x plain."""
+    print(f"{'bs':>3} {'k':>8} {'tok/step':>8} {'verify ms':>9} {'draft ms':>8} {'tok/s/user':>10} "
+          f"{'@66':>8} {'x plain':>7}")  # fmt: skip
+    for m in results:
+        plain = [r for r in runs if r["batch_size"] == m["batch_size"]]
+        base = None
+        if plain:
+            e = plain[-1]["extrapolated_66_layers"]
+            base = e.get("cuda_graph_tok_per_s_per_user") or e["tok_per_s_per_user"]
+        for r in m["runs"]:
+            tps66 = r["extrapolated_66_layers"]["tok_per_s_per_user"]
+            ratio = tps66 / base if base else float("nan")
+            print(f"{m['batch_size']:>3} {str(r['k']):>8} {r['tokens_per_step']:>8.2f} {r['verify_ms']:>9.3f} "
+                  f"{r['draft_ms']:>8.3f} {r['tok_per_s_per_user']:>10.1f} {tps66:>8.1f} {ratio:>7.2f}")  # fmt: skip
+        print(f"    adaptive / best fixed (k={m['best_fixed_k']}): {m['adaptive_vs_best_fixed']:.3f}")

@@ -1,0 +1,109 @@
+"""Adaptive draft length: how many drafts a speculative step should verify.
+
+A step that drafts k tokens emits 1 + a_1 + ... + a_k tokens on average, where a_d is the chance
+that the first d drafts are all accepted (a_d = c_1 * ... * c_d for the per-depth acceptance rates
+c_d = P(draft d accepted | drafts 1..d-1 accepted)), and costs the verify of k + 1 tokens plus the
+draft step that produced the k drafts. The chooser maximises tokens per second; k = 0 verifies only
+the pending token (a plain decode step, the depths still consume it so they stay current).
+
+The rates are running estimates (exponentially weighted per batch) from the verify decisions; the
+costs are a table per batch bucket measured at start-up (step_costs.py). A depth that is never
+drafted gets no new evidence, so every EXPLORE_EVERY-th step drafts one depth more than chosen.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+EXPLORE_EVERY = 16
+# Public Inkling MTP8 acceptance (vLLM, GSM8K), a_d per depth: the prior before any evidence and the
+# benchmark's default forced curve.
+PUBLIC_MTP8_CURVE = (0.757, 0.601, 0.498, 0.411, 0.354, 0.298, 0.261, 0.223)
+
+
+def conditional_rates(marginal: Sequence[float]) -> list[float]:
+    """c_d = a_d / a_{d-1} (a_0 = 1) from the chances a_d that the first d drafts are accepted."""
+    out, prev = [], 1.0
+    for a in marginal:
+        out.append(a / prev if prev > 0 else 0.0)
+        prev = a
+    return out
+
+
+def expected_tokens(rates: Sequence[float], k: int) -> float:
+    """Tokens a step with k drafts emits on average: 1 + sum_{d<=k} c_1 * ... * c_d."""
+    total, run = 1.0, 1.0
+    for c in rates[:k]:
+        run *= c
+        total += run
+    return total
+
+
+def choose_k(rates: Sequence[float], step_cost: Sequence[float]) -> int:
+    """The k in [0, len(step_cost) - 1] with the most expected tokens per second; step_cost[k] is
+    the time of a step with k drafts. Ties go to the smaller k (less work for the same speed)."""
+    best, best_rate = 0, -1.0
+    for k, cost in enumerate(step_cost):
+        rate = expected_tokens(rates, k) / cost
+        if rate > best_rate * (1 + 1e-9):
+            best, best_rate = k, rate
+    return best
+
+
+class AcceptanceTracker:
+    """Per-depth acceptance: running estimates for the chooser and all-time counts for the stats."""
+
+    def __init__(self, depths: int, alpha: float = 0.05, prior: Sequence[float] | None = None):
+        self.alpha = alpha
+        prior = conditional_rates(PUBLIC_MTP8_CURVE) if prior is None else list(prior)
+        self.rates = [prior[min(d, len(prior) - 1)] for d in range(depths)]
+        self.reached = [0] * depths  # drafts at depth d that were judged (the ones before accepted)
+        self.accepted = [0] * depths
+
+    def update(self, accepted: Sequence[int], drafted: Sequence[int]) -> None:
+        """One verify step: request i could accept drafted[i] drafts and accepted accepted[i]."""
+        for d in range(len(self.rates)):
+            seen = hits = 0
+            for a, n in zip(accepted, drafted):
+                if n > d and a >= d:  # draft d + 1 was verified after d accepted drafts
+                    seen += 1
+                    hits += a > d
+            if not seen:
+                continue
+            self.reached[d] += seen
+            self.accepted[d] += hits
+            weight = 1.0 - (1.0 - self.alpha) ** seen  # `seen` observations at rate alpha each
+            self.rates[d] += weight * (hits / seen - self.rates[d])
+
+    def measured(self) -> list[float | None]:
+        """All-time acceptance rate per depth (None where no draft of that depth was verified)."""
+        return [a / n if n else None for a, n in zip(self.accepted, self.reached)]
+
+
+@dataclass
+class StepCosts:
+    """Time per speculative step, by batch bucket and number of drafts: costs[b][k], k = 0..K."""
+
+    costs: dict[int, list[float]]
+    unit: str = "s"  # "s" when measured, "relative" for the given table
+
+    def for_batch(self, bs: int) -> list[float]:
+        """The table of the smallest measured bucket that holds bs requests (else the largest)."""
+        buckets = sorted(self.costs)
+        i = bisect.bisect_left(buckets, bs)
+        return self.costs[buckets[min(i, len(buckets) - 1)]]
+
+    @classmethod
+    def given(cls, num_steps: int) -> StepCosts:
+        """The table used without CUDA graphs (CPU): relative units shaped like a bandwidth-bound GPU
+        step at batch 1 (each verified token adds 0.3 of a decode step, each drafting depth 0.1),
+        since eager CPU timings of a small model are noise and would only slow start-up."""
+        return cls({1: [1.0 + 0.4 * k for k in range(num_steps + 1)]}, unit="relative")
+
+    def as_dict(self) -> dict:
+        """For the server info: milliseconds (or relative units) per bucket, k = 0..K."""
+        scale = 1e3 if self.unit == "s" else 1.0
+        by_bucket = {str(b): [round(c * scale, 4) for c in v] for b, v in sorted(self.costs.items())}
+        return {"unit": "ms" if self.unit == "s" else self.unit, "by_batch_bucket": by_bucket}

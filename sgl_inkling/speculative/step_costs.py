@@ -1,0 +1,69 @@
+"""Start-up measurement of what a speculative step costs, per batch bucket and number of drafts.
+
+A step with k drafts is the verify of k + 1 tokens per request plus the draft step that produced
+the k drafts (k depths drafting, the rest consuming the kept tokens only). On CUDA both come from
+the serving graphs just captured, replayed on their padded inputs (the reserved row, the padding
+KV slot), so the figures are exactly what serving replays. Without graphs (benchmark smoke runs)
+the same padded steps run eagerly.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+
+from sgl_inkling.speculative.adaptive import StepCosts
+from sgl_inkling.speculative.draft_graphs import DraftGraphRunner
+from sgl_inkling.speculative.verify_graphs import VerifyGraphRunner
+
+EAGER_BUCKETS = (1,)
+
+
+def _seconds(fn: Callable[[], object], reps: int, device: torch.device) -> float:
+    """Median wall time of fn after one warm-up call."""
+    cuda = device.type == "cuda"
+    fn()
+    times = []
+    for _ in range(reps):
+        if cuda:
+            torch.cuda.synchronize(device)
+        t = time.perf_counter()
+        fn()
+        if cuda:
+            torch.cuda.synchronize(device)
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+def measure_step_costs(worker, reps: int = 5) -> StepCosts:
+    """Seconds per step for k = 0..K at every bucket the worker's graphs cover (eager: EAGER_BUCKETS)."""
+    runner, k_max = worker.runner, worker.num_steps
+    dev = runner.device
+    if worker.verify_graphs:
+        verify = worker.verify_graphs
+        draft = worker.draft_graphs
+        buckets = draft.buckets
+        timed_verify = {r: (lambda bs, g=g: g.graphs[bs].replay()) for r, g in verify.items()}
+        timed_draft = lambda bs, k: draft.graphs[bs, k].replay()  # noqa: E731
+    else:
+        buckets = list(EAGER_BUCKETS)
+        max_bs = buckets[-1]
+        eager_verify = {
+            r: VerifyGraphRunner(runner, r, worker.trunk_capture, max_bs, graphs=False) for r in range(1, k_max + 2)
+        }
+        draft = DraftGraphRunner(worker.step, max_bs, depths=range(k_max + 1), capture=False)
+        timed_verify = {r: (lambda bs, g=g: g.step(bs)) for r, g in eager_verify.items()}
+        timed_draft = draft.run
+        reps = min(reps, 2)
+    costs = {}
+    with torch.no_grad():
+        for bs in buckets:
+            costs[bs] = [
+                _seconds(lambda bs=bs, k=k: timed_verify[k + 1](bs), reps, dev)
+                + _seconds(lambda bs=bs, k=k: timed_draft(bs, k), reps, dev)
+                for k in range(k_max + 1)
+            ]
+    return StepCosts(costs)

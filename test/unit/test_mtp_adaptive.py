@@ -1,0 +1,121 @@
+"""The adaptive draft length's pure parts: the chooser against brute force, the acceptance tracker
+against known rates, the cost table lookup."""
+
+from __future__ import annotations
+
+import itertools
+import random
+
+import pytest
+import torch
+
+from sgl_inkling.speculative.adaptive import (
+    PUBLIC_MTP8_CURVE,
+    AcceptanceTracker,
+    StepCosts,
+    choose_k,
+    conditional_rates,
+    expected_tokens,
+)
+
+
+def brute_force_tokens(rates: list[float], k: int) -> float:
+    """Expected emitted tokens of a k-draft step, over every accept/reject outcome of the k depths
+    (depth d accepts with rate c_d, independently): 1 + the leading accepted drafts."""
+    total = 0.0
+    for outcome in itertools.product((False, True), repeat=k):
+        p = 1.0
+        for c, ok in zip(rates, outcome):
+            p *= c if ok else 1 - c
+        lead = next((i for i, ok in enumerate(outcome) if not ok), k)
+        total += p * (1 + lead)
+    return total
+
+
+def brute_force_best(rates: list[float], costs: list[float]) -> tuple[int, list[float]]:
+    speeds = [brute_force_tokens(rates, k) / c for k, c in enumerate(costs)]
+    return max(range(len(costs)), key=lambda k: (speeds[k], -k)), speeds
+
+
+def test_public_curve_gives_its_accept_length():
+    rates = conditional_rates(PUBLIC_MTP8_CURVE)
+    assert expected_tokens(rates, 8) == pytest.approx(1 + sum(PUBLIC_MTP8_CURVE))  # 4.403
+    assert expected_tokens(rates, 8) == pytest.approx(brute_force_tokens(rates, 8))
+
+
+def test_chooser_picks_what_brute_force_says_is_fastest():
+    rng = random.Random(7)
+    picked = set()
+    for _ in range(400):
+        depths = rng.randint(1, 8)
+        rates = [rng.random() ** rng.choice((0.2, 1, 3)) for _ in range(depths)]
+        # Costs shaped like real steps: a base, a per-token verify growth, per-depth draft cost, noise.
+        base, per_tok, per_depth = 1.0, rng.uniform(0, 0.8), rng.uniform(0, 0.4)
+        costs = [base + (per_tok + per_depth) * k * rng.uniform(0.9, 1.1) for k in range(depths + 1)]
+        want, speeds = brute_force_best(rates, costs)
+        got = choose_k(rates, costs)
+        assert speeds[got] == pytest.approx(speeds[want], rel=1e-9), (rates, costs, got, want)
+        picked.add(got)
+    assert len(picked) >= 5, "the synthetic cases should exercise many different k"
+
+
+def test_chooser_extremes():
+    assert choose_k([0.0] * 8, [1.0 + 0.1 * k for k in range(9)]) == 0  # drafts never right: plain decode
+    assert choose_k([1.0] * 8, [1.0 + 0.1 * k for k in range(9)]) == 8  # always right, cheap: all of them
+    assert choose_k([0.9] * 8, [1.0] * 9) == 8  # free drafts are always worth it
+
+
+def test_tracker_measures_conditional_rates():
+    """Simulated steps where depth d accepts with rate p_d after the ones before it were accepted:
+    the all-time rates match p_d within sampling error and the running ones follow them."""
+    p = [0.8, 0.6, 0.9, 0.5]
+    rng = random.Random(3)
+    t = AcceptanceTracker(4, alpha=0.02)
+    for _ in range(3000):
+        drafted = [rng.choice((2, 4, 4)) for _ in range(4)]  # some requests draft (or may accept) fewer
+        accepted = []
+        for n in drafted:
+            a = 0
+            while a < n and rng.random() < p[a]:
+                a += 1
+            accepted.append(a)
+        t.update(accepted, drafted)
+    for d, (got, want) in enumerate(zip(t.measured(), p)):
+        sd = (want * (1 - want) / t.reached[d]) ** 0.5
+        assert abs(got - want) < 4 * sd, (d, got, want)
+        assert abs(t.rates[d] - want) < 0.15, (d, t.rates[d], want)
+    assert t.reached[0] == 3000 * 4
+
+
+def test_cost_table_lookup():
+    c = StepCosts({1: [1.0], 8: [2.0], 64: [3.0]})
+    assert [c.for_batch(b)[0] for b in (1, 2, 8, 9, 64, 200)] == [1.0, 2.0, 2.0, 3.0, 3.0, 3.0]
+
+
+def test_token_map_file_is_validated(tmp_path):
+    from sgl_inkling.speculative.token_map import load_token_map
+
+    good = tmp_path / "hot.pt"
+    torch.save([5, 3, 9], good)
+    assert load_token_map(str(good), 10).tolist() == [5, 3, 9]
+    torch.save(torch.tensor([1, 2, 3], dtype=torch.int32), good)  # upstream saves tensors too
+    assert load_token_map(str(good), 10).dtype == torch.int64
+    for bad, why in (([1, 10], "0..9"), ([2, 2], "repeat"), ([[1, 2]], "1-D"), ([0.5], "integer"), ([], "non-empty")):
+        torch.save(torch.tensor(bad), good)
+        with pytest.raises(ValueError, match="--speculative-token-map.*" + why):
+            load_token_map(str(good), 10)
+    (tmp_path / "junk.pt").write_bytes(b"not a torch file")
+    with pytest.raises(ValueError, match="--speculative-token-map: cannot read"):
+        load_token_map(str(tmp_path / "junk.pt"), 10)
+
+
+def test_adaptive_and_token_map_flags(monkeypatch):
+    from sgl_inkling.server_args import ServerArgsError, parse_server_args
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    base = ["--model-path", "x", "--speculative-algorithm", "MTP"]
+    assert parse_server_args(base).speculative_adaptive  # on by default
+    a = parse_server_args([*base, "--no-speculative-adaptive", "--speculative-token-map", "hot.pt"])
+    assert not a.speculative_adaptive and a.speculative_token_map == "hot.pt"
+    with pytest.raises((ServerArgsError, SystemExit)):
+        parse_server_args(["--model-path", "x", "--speculative-token-map", "hot.pt"])  # needs MTP
