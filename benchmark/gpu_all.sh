@@ -15,11 +15,11 @@ cd "$(dirname "$0")/.."
 LOGS="${LOGS:-/tmp/gpu_all_logs}"  # $OUT brings back at most 8 files: the logs come back as one archive
 gpu_begin gpu_all
 
-stage tests 110 "$PY" -m pytest -q -x -p no:cacheprovider test/kernels/test_qkvr_epilogue.py \
+stage tests 90 "$PY" -m pytest -q -x -p no:cacheprovider test/kernels/test_qkvr_epilogue.py \
   test/kernels/test_sconv_norm.py test/gpu/test_kernel_warmup.py
 COMMON=(--config slice --batch-size 1 64 --input-len 1024 --decode-steps 10 --prefill-repeats 1 --fast-path kernels
   --cuda-graph)
-stage bench_nvfp4 200 "$PY" benchmark/bench_one_batch.py "${COMMON[@]}" --quantization modelopt_fp4 \
+stage bench_nvfp4 120 "$PY" benchmark/bench_one_batch.py "${COMMON[@]}" --quantization modelopt_fp4 \
   --result-file "$OUT/bench_one_batch_nvfp4_inkling-slice.json"
 stage bench_nvfp4_mtp 170 "$PY" benchmark/bench_one_batch.py --config slice --batch-size 1 8 64 --input-len 1024 \
   --decode-steps 10 --prefill-repeats 1 --fast-path kernels --cuda-graph --quantization modelopt_fp4 --mtp \
@@ -27,7 +27,7 @@ stage bench_nvfp4_mtp 170 "$PY" benchmark/bench_one_batch.py --config slice --ba
 stage bench_bf16 60 "$PY" benchmark/bench_one_batch.py "${COMMON[@]}" \
   --result-file "$OUT/bench_one_batch_bf16_inkling-slice.json"
 stage serve_nvfp4 60 "$PY" benchmark/gpu_nvfp4_serve_check.py "$OUT/gpu_nvfp4_serve_check.json"
-stage prefix_cache 150 "$PY" benchmark/bench_prefix_cache.py --config slice --device cuda \
+stage prefix_cache 120 "$PY" benchmark/bench_prefix_cache.py --config slice --device cuda \
   --out "$OUT/prefix_cache_inkling-slice.json"
 stage profile_decode_bs1 60 "$PY" benchmark/profile_decode.py --batch-size 1 --input-len 8192 --compare \
   --out "$OUT/profile_decode_compare_bs1.json"
