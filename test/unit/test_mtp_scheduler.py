@@ -186,3 +186,26 @@ def test_mtp_buffers_are_counted_in_pool_sizing(sched):
     buffers = [t for caps in (*w.trunk_capture.values(), *w.chain.capture.values()) for t in caps]
     allocated = sum(t.numel() * t.element_size() for t in [*buffers, w.carry, w.draft_buf])
     assert allocated == sched.runner.sconv_pool.size * mtp_bytes_per_request(sched.runner.model, w.num_steps)
+
+
+def test_step_costs_are_measured_on_diverse_tokens(sched, monkeypatch):
+    """The verify steps timed at start-up see varied token ids (identical ones all route to the same
+    experts, so a wide verify timed as cheap as a narrow one on the GPU), and the static inputs are
+    left as captured (zeros) afterwards."""
+    from sgl_inkling.speculative import step_costs
+    from sgl_inkling.speculative.verify_graphs import VerifyGraphRunner
+
+    seen, statics = [], []
+    real_step = VerifyGraphRunner.step
+
+    def step_spy(self, bs, batch=None):
+        statics.append(self.static["input_ids"])
+        seen.append(self.static["input_ids"][: bs * self.r].unique().numel())
+        return real_step(self, bs, batch)
+
+    monkeypatch.setattr(VerifyGraphRunner, "step", step_spy)
+    costs = step_costs.measure_step_costs(sched.spec, reps=1)
+    assert costs.as_dict()["by_batch_bucket"]
+    widths = [s.numel() for s in statics]
+    assert all(n > 1 for n, w in zip(seen, widths) if w > 1), seen  # never one token repeated
+    assert all(int(s.abs().sum()) == 0 for s in statics)
