@@ -49,6 +49,8 @@ def load(paths: list[Path], include_cpu: bool) -> dict[tuple[str, str], dict]:
             runs = {run_key(kind, r): r for d in ds for r in d["runs"]}  # newer files overwrite older
             out["runs"] = list(runs.values())
             out["sources"] = [d.get("timestamp") for d in ds]
+            # Rows may come from older files (batch sizes the newest lacks): name every commit.
+            out["source_commits"] = list(dict.fromkeys(str(d.get("git_commit"))[:8] for d in reversed(ds)))
             mtp = {m["batch_size"]: m for d in ds for m in d.get("mtp") or []}
             out["mtp"] = [mtp[b] for b in sorted(mtp)]
         merged[(kind, cfg)] = out
@@ -72,7 +74,9 @@ def f(x, spec: str = ".2f") -> str:
 
 
 def source(d: dict) -> str:
-    return f"{d['benchmark']}, {d.get('gpu') or d.get('device', 'cpu')}, commit {str(d.get('git_commit'))[:8]}, {d.get('timestamp')}"
+    commits = d.get("source_commits") or [str(d.get("git_commit"))[:8]]
+    label = "commit" if len(commits) == 1 else "commits (newest first)"
+    return f"{d['benchmark']}, {d.get('gpu') or d.get('device', 'cpu')}, {label} {', '.join(commits)}, {d.get('timestamp')}"
 
 
 def best_step_ms(run: dict) -> float:
@@ -118,6 +122,31 @@ def mtp_table(d: dict) -> str:
               "draft floor ms", "tok/s/user @66", "plain tok/s/user @66", "speed-up"]  # fmt: skip
     return (f"MTP, {d['config']}, 8 depths; the accepted length is forced (a benchmark-only switch: dummy "
             f"weights draft nothing right) (source: {source(d)}):\n\n" + table(header, rows))
+
+
+def adaptive_table(d: dict) -> str:
+    """Per batch size: the best fixed number of drafts against the adaptive chooser, at 66 layers, under
+    the forced per-depth acceptance curve (bench_one_batch --mtp, benchmark/mtp_adaptive.py)."""
+    plain = {r["batch_size"]: r["extrapolated_66_layers"] for r in d["runs"] if r["mode"] == "kernels"}
+    rows = []
+    for m in d["mtp_adaptive"]:
+        base = plain.get(m["batch_size"]) or {}
+        base_tps = base.get("cuda_graph_tok_per_s_per_user") or base.get("tok_per_s_per_user")
+        by_k = {r["k"]: r for r in m["runs"]}
+        best, ad = by_k[m["best_fixed_k"]], by_k["adaptive"]
+        used = ", ".join(f"{k}: {n}" for k, n in sorted(ad["k_used"].items(), key=lambda kv: -kv[1]))
+        tps = lambda r: r["extrapolated_66_layers"]["tok_per_s_per_user"]  # noqa: E731
+        rows.append([
+            str(m["batch_size"]), str(m["best_fixed_k"]), f(tps(best), ".1f"), used, f(ad["tokens_per_step"], ".2f"),
+            f(tps(ad), ".1f"), f(m["adaptive_vs_best_fixed"], ".3f"), f(base_tps, ".1f"),
+            f(tps(ad) / base_tps, ".2f") + "x" if base_tps else "-",
+        ])  # fmt: skip
+    header = ["batch", "best fixed k", "its tok/s/user @66", "adaptive k used (steps)", "adaptive tok/step",
+              "adaptive tok/s/user @66", "adaptive / best", "plain tok/s/user @66", "adaptive speed-up"]  # fmt: skip
+    curve = ", ".join(f"{x:g}" for x in d["mtp_adaptive"][0]["benchmark_only_forced_acceptance_curve"])
+    return (f"Adaptive MTP, {d['config']}: drafts accepted at the forced per-depth curve {curve} (a "
+            f"benchmark-only switch), every fixed k = 1..8 against the chooser (source: {source(d)}):\n\n"
+            + table(header, rows))
 
 
 def peer_table(ours: dict | None, peer: dict) -> str:
@@ -167,6 +196,8 @@ def render(results: dict[tuple[str, str], dict]) -> str:
             parts.append(decode_table(d))
             if d.get("mtp"):
                 parts.append(mtp_table(d))
+            if d.get("mtp_adaptive"):
+                parts.append(adaptive_table(d))
         elif kind == "bench_peer":
             parts.append(peer_table(results.get(("bench_one_batch", cfg)), d))
         else:
