@@ -1,14 +1,11 @@
-"""A batched greedy run of 64 tokens, in-process (TP 1) or in each spawned gloo rank (TP 2), for the
-NVFP4 model tests. Logits of every eighth step come back for comparison (all of them are 100 MB)."""
+"""A batched greedy run of 64 tokens, in-process (TP 1) or in each spawned gloo rank (TP 2, through
+tp_scenario.run_ranks), for the NVFP4 model tests. Logits of every eighth step come back for
+comparison (all of them are 100 MB)."""
 
 from __future__ import annotations
 
-import os
-
 import torch
 
-from sgl_inkling.distributed.parallel_state import destroy_distributed, init_distributed
-from sgl_inkling.model_executor.model_loader import load_model
 from sgl_inkling.model_executor.model_runner import ModelRunner
 from sgl_inkling.model_executor.seq_runner import SeqRunner
 from test.unit.helpers import random_prompt
@@ -30,13 +27,3 @@ def greedy_batch(model) -> dict:
             out = runner.step(seqs, [[t] for t in tokens[-1]])
     return {"tokens": [list(t) for t in zip(*tokens)], "logits": torch.stack(logits)}
 
-
-def rank_main(rank: int, tp: int, ep: int, port: int, model_path: str, out_dir: str) -> None:
-    torch.set_num_threads(1)
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    init_distributed(tp, rank, ep, f"tcp://127.0.0.1:{port}", "cpu")
-    try:
-        model = load_model(model_path, torch.float32, "cpu", progress=False)
-        torch.save(greedy_batch(model), os.path.join(out_dir, f"rank{rank}.pt"))
-    finally:
-        destroy_distributed()

@@ -5,16 +5,14 @@ gives the greedy output of MTP off on the NVFP4 conversion of the draftable chec
 
 from __future__ import annotations
 
-import multiprocessing as mp
-
 import pytest
 import torch
 from safetensors.torch import save_file
 
 from sgl_inkling.model_executor.model_loader import load_model
-from test.unit.nvfp4_greedy import NEW_TOKENS, greedy_batch, rank_main
+from test.unit.nvfp4_greedy import NEW_TOKENS, greedy_batch
 from test.unit.test_nvfp4_loader import decode, read
-from test.unit.tp_scenario import free_port
+from test.unit.tp_scenario import run_ranks
 
 from .helpers import prompt_logits, random_prompt, seq_runner
 
@@ -82,26 +80,11 @@ def test_greedy_64_matches_the_dequantized_reference(greedy):
     assert rel_err(got["logits"], want["logits"]) <= 1e-5
 
 
-def run_ranks(path, out_dir, tp: int, ep: int) -> list[dict]:
-    ctx = mp.get_context("spawn")
-    port = free_port()
-    procs = [ctx.Process(target=rank_main, args=(r, tp, ep, port, str(path), str(out_dir))) for r in range(tp)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(timeout=240)
-    for p in procs:
-        if p.is_alive():
-            p.kill()
-        assert p.exitcode == 0, f"rank process {p.name} exited with {p.exitcode}"
-    return [torch.load(out_dir / f"rank{r}.pt") for r in range(tp)]
-
-
 @pytest.mark.parametrize("ep", [1, 2], ids=["tp2", "tp2-ep2"])
 def test_tensor_parallel_matches_the_dequantized_reference(paths, greedy, tmp_path, ep):
     """Sharded NVFP4 (each rank's codes and scale blocks decode bit for bit: test_nvfp4_loader) gives
     TP 1's greedy tokens; logits differ only by the order of the partial-sum reduction, as in BF16."""
-    for res in run_ranks(paths[0], tmp_path, 2, ep):
+    for res in run_ranks(paths[0], tmp_path, 2, ep, run=greedy_batch):
         for tp1 in greedy:  # NVFP4 and the dequantized reference at TP 1
             assert res["tokens"] == tp1["tokens"]
             torch.testing.assert_close(res["logits"], tp1["logits"], rtol=1e-4, atol=1e-4)

@@ -3,13 +3,11 @@ each rank holds only its shard of the weights, the KV heads and the short-conv s
 
 from __future__ import annotations
 
-import multiprocessing as mp
-
 import pytest
 import torch
 
 from sgl_inkling.models.inkling.tiny import TINY_CONFIG
-from test.unit.tp_scenario import DECODE_STEPS, free_port, rank_main, scenario
+from test.unit.tp_scenario import DECODE_STEPS, run_ranks, scenario
 
 TEXT = TINY_CONFIG["text_config"]
 H = TEXT["hidden_size"]
@@ -18,23 +16,6 @@ H = TEXT["hidden_size"]
 @pytest.fixture(scope="module")
 def reference(tiny_model):
     return scenario(tiny_model)
-
-
-def run_ranks(tiny_path, tmp_path, tp: int, ep: int) -> list[dict]:
-    ctx = mp.get_context("spawn")
-    port = free_port()
-    procs = [
-        ctx.Process(target=rank_main, args=(r, tp, ep, port, str(tiny_path), str(tmp_path))) for r in range(tp)
-    ]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(timeout=240)
-    for p in procs:
-        if p.is_alive():
-            p.kill()
-        assert p.exitcode == 0, f"rank process {p.name} exited with {p.exitcode}"
-    return [torch.load(tmp_path / f"rank{r}.pt") for r in range(tp)]
 
 
 @pytest.mark.parametrize("ep", [1, 2], ids=["tp2", "tp2-ep2"])

@@ -1,10 +1,13 @@
 """One model-runner scenario run at any TP/EP size: used by test_tensor_parallel (parent: TP 1,
-spawned gloo ranks: TP 2). Everything compared is returned on the host."""
+spawned gloo ranks: TP 2); run_ranks spawns the ranks for any such function (test_nvfp4_model
+too). Everything compared is returned on the host."""
 
 from __future__ import annotations
 
+import multiprocessing as mp
 import os
 import socket
+from pathlib import Path
 
 import torch
 
@@ -70,13 +73,31 @@ def scenario(model) -> dict:
     }
 
 
-def rank_main(rank: int, tp: int, ep: int, port: int, model_path: str, out_dir: str) -> None:
-    """Entry of a spawned rank: join the gloo group, load the sharded model, run, save."""
+def rank_main(rank: int, tp: int, ep: int, port: int, model_path: str, out_dir: str, run=None) -> None:
+    """Entry of a spawned rank: join the gloo group, load the sharded model, run (default: scenario),
+    save what it returns."""
     torch.set_num_threads(1)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     init_distributed(tp, rank, ep, f"tcp://127.0.0.1:{port}", "cpu")
     try:
         model = load_model(model_path, torch.float32, "cpu", progress=False)
-        torch.save(scenario(model), os.path.join(out_dir, f"rank{rank}.pt"))
+        torch.save((run or scenario)(model), os.path.join(out_dir, f"rank{rank}.pt"))
     finally:
         destroy_distributed()
+
+
+def run_ranks(model_path, out_dir, tp: int, ep: int, run=None) -> list[dict]:
+    """Spawn tp gloo ranks running `run` (a module-level function of the model) and return their results."""
+    ctx = mp.get_context("spawn")
+    port = free_port()
+    procs = [ctx.Process(target=rank_main, args=(r, tp, ep, port, str(model_path), str(out_dir), run))
+             for r in range(tp)]  # fmt: skip
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=240)
+    for p in procs:
+        if p.is_alive():
+            p.kill()
+        assert p.exitcode == 0, f"rank process {p.name} exited with {p.exitcode}"
+    return [torch.load(Path(out_dir) / f"rank{r}.pt") for r in range(tp)]
