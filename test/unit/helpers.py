@@ -25,3 +25,20 @@ def prompt_logits(runner: SeqRunner, prompt: list[int]) -> torch.Tensor:
         return runner.step([seq], [prompt], all_logits=True).logits
     finally:
         runner.free(seq)
+
+
+def draftable_scheduler(tmp_path_factory):
+    """An in-process Scheduler with MTP on inkling-tiny-draftable (radix cache off): a generator for
+    module fixtures (`yield from`), closing its sockets after."""
+    from sgl_inkling.managers.scheduler import Scheduler
+    from sgl_inkling.models.inkling.tiny_draftable import ensure_draftable_checkpoint
+    from sgl_inkling.server_args import ServerArgs
+
+    path = str(ensure_draftable_checkpoint())
+    args = ServerArgs(model_path=path, device="cpu", speculative_algorithm="MTP", disable_radix_cache=True)
+    args.check()
+    d = tmp_path_factory.mktemp("zmq")
+    s = Scheduler(args, path, f"ipc://{d}/in", f"ipc://{d}/out")
+    yield s
+    s.recv_sock.close(0)
+    s.send_sock.close(0)

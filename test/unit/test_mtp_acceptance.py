@@ -13,11 +13,10 @@ from sgl_inkling.managers.scheduler import Scheduler
 from sgl_inkling.model_executor.model_runner import ModelRunner
 from sgl_inkling.model_executor.seq_runner import SeqRunner
 from sgl_inkling.sampling.sampling_params import SamplingParams
-from sgl_inkling.server_args import ServerArgs
 from sgl_inkling.speculative.adaptive import StepCosts, choose_k, expected_tokens
 
 from .draft_oracle import DraftOracle
-from .helpers import random_prompt
+from .helpers import draftable_scheduler, random_prompt
 
 # Conditional per-depth rates; depth 2's is far from the chance of reaching past it (0.6 * 0.95).
 P = [0.6, 0.95, 0.9, 0.95, 0.9, 0.95, 0.9, 0.95]
@@ -25,16 +24,7 @@ P = [0.6, 0.95, 0.9, 0.95, 0.9, 0.95, 0.9, 0.95]
 
 @pytest.fixture(scope="module")
 def sched(tmp_path_factory):
-    from sgl_inkling.models.inkling.tiny_draftable import ensure_draftable_checkpoint
-
-    path = str(ensure_draftable_checkpoint())
-    args = ServerArgs(model_path=path, device="cpu", speculative_algorithm="MTP", disable_radix_cache=True)
-    args.check()
-    d = tmp_path_factory.mktemp("zmq")
-    s = Scheduler(args, path, f"ipc://{d}/in", f"ipc://{d}/out")
-    yield s
-    s.recv_sock.close(0)
-    s.send_sock.close(0)
+    yield from draftable_scheduler(tmp_path_factory)
 
 
 @pytest.fixture(scope="module")

@@ -20,24 +20,14 @@ from sgl_inkling.model_executor.seq_runner import SeqRunner
 from sgl_inkling.sampling.sampler import sampling_distribution
 from sgl_inkling.sampling.sampling_batch_info import SamplingBatchInfo
 from sgl_inkling.sampling.sampling_params import SamplingParams
-from sgl_inkling.server_args import ServerArgs
 from sgl_inkling.speculative.adaptive import StepCosts
 
-from .helpers import random_prompt
+from .helpers import draftable_scheduler, random_prompt
 
 
 @pytest.fixture(scope="module")
 def sched(tmp_path_factory):
-    from sgl_inkling.models.inkling.tiny_draftable import ensure_draftable_checkpoint
-
-    path = str(ensure_draftable_checkpoint())
-    args = ServerArgs(model_path=path, device="cpu", speculative_algorithm="MTP", disable_radix_cache=True)
-    args.check()
-    d = tmp_path_factory.mktemp("zmq")
-    s = Scheduler(args, path, f"ipc://{d}/in", f"ipc://{d}/out")
-    yield s
-    s.recv_sock.close(0)
-    s.send_sock.close(0)
+    yield from draftable_scheduler(tmp_path_factory)
 
 
 def submit(s: Scheduler, rid: str, ids: list[int], **params):
