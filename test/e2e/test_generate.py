@@ -82,7 +82,7 @@ def test_stream_chunks_are_cumulative_and_end_with_the_full_answer(server):
     whole = server.generate(**body)
     r = requests.post(server.base_url + "/generate", json={**body, "stream": True}, stream=True, timeout=120)
     chunks = [
-        json.loads(line[6:]) for line in r.iter_lines(decode_unicode=True) if line and line != "data: [DONE]"
+        json.loads(line[6:]) for line in (b.decode() for b in r.iter_lines()) if line and line != "data: [DONE]"
     ]
     assert len(chunks) >= 2
     for a, b in zip(chunks, chunks[1:]):

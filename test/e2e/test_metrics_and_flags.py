@@ -98,7 +98,7 @@ def test_metrics_404_without_the_flag(server):
 def test_stream_interval_groups_tokens(observed):
     body = {"input_ids": random_prompt(9, seed=50), "sampling_params": greedy(13), "stream": True}
     r = requests.post(observed.base_url + "/generate", json=body, stream=True, timeout=120)
-    chunks = [json.loads(line[6:]) for line in r.iter_lines(decode_unicode=True)
+    chunks = [json.loads(line[6:]) for line in (b.decode() for b in r.iter_lines())
               if line and line != "data: [DONE]"]  # fmt: skip
     # --stream-interval 4: the first token at once, then every 4 tokens (the default server sends 13 chunks).
     assert [len(c["output_ids"]) for c in chunks] == [1, 5, 9, 13]

@@ -31,7 +31,7 @@ def free_text(server):
 def _stream(server, body) -> list[dict]:
     r = requests.post(server.base_url + "/generate", json={**body, "stream": True}, stream=True, timeout=120)
     assert r.status_code == 200, r.text
-    return [json.loads(x[6:]) for x in r.iter_lines(decode_unicode=True) if x and x != "data: [DONE]"]
+    return [json.loads(x[6:]) for x in (b.decode() for b in r.iter_lines()) if x and x != "data: [DONE]"]
 
 
 def test_stop_regex_stops_where_the_pattern_first_matches(server, hf, free_text):

@@ -133,7 +133,7 @@ def test_router_loads_the_tokenizer_and_serves_mixed_requests(server, second_ser
         path, body = kinds[i % len(kinds)]
         resp = requests.post(router + path, json=body, timeout=120, stream=body.get("stream", False))
         if body.get("stream"):
-            events = [x for x in resp.iter_lines(decode_unicode=True) if x.startswith("data: ")]
+            events = [x for x in (x.decode() for x in resp.iter_lines()) if x.startswith("data: ")]
             assert events[-1] == "data: [DONE]" and json.loads(events[-2][6:]), (path, events[-3:])
         else:
             assert resp.json(), path
