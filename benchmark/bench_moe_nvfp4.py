@@ -29,6 +29,7 @@ from benchmark.bench_one_batch import git_commit  # noqa: E402
 from sgl_inkling_kernels.fused_moe import fused_moe  # noqa: E402
 from sgl_inkling_kernels.fused_moe_nvfp4 import Tiles, fused_moe_nvfp4  # noqa: E402
 from sgl_inkling_kernels.moe_nvfp4_gemv import GemvTiles  # noqa: E402
+from sgl_inkling_kernels.moe_w4a16_cuda import CudaTiles  # noqa: E402
 from sgl_inkling_kernels.nvfp4 import dequantize_nvfp4  # noqa: E402
 
 PEAK_TBS = 4.3
@@ -77,7 +78,8 @@ def copy_tbs() -> float:
 def parse_tiles(spec: str | None):
     """(tiles, asm choices, batch sizes) of a --tiles entry: "default" (the module's dispatch), "mma"
     (the MMA kernels' defaults), "m:up_n,down_n,kb,bk_sink,warps,stages[,asm]" (MMA), or
-    "g:bm,up_n,down_n,kw,kw_sink,warps,sink_max" (small-M GEMVs); "@1,8" after it: only at those batches."""
+    "g:bm,up_n,down_n,kw,kw_sink,warps,sink_max" (small-M GEMVs), or "c:nt,depth" (the CUDA decode
+    kernels); "@1,8" after it: only at those batches."""
     spec = spec or "default"
     spec, _, at = spec.partition("@")
     batches = [int(b) for b in at.split(",")] if at else []
@@ -89,13 +91,16 @@ def parse_tiles(spec: str | None):
     fields = [int(f) for f in body.split(",")]
     if kind == "g":
         return GemvTiles(*fields), [], batches
+    if kind == "c":
+        return CudaTiles(*fields), [], batches
     return Tiles(*fields[:6]), fields[6:], batches  # a 7th field picks the decode for this variant
 
 
 def tiles_doc(tiles) -> dict:
     if tiles is None:
         return {"path": "default dispatch"}
-    return {"path": "gemv" if isinstance(tiles, GemvTiles) else "mma", **tiles.__dict__}
+    path = "gemv" if isinstance(tiles, GemvTiles) else "cuda" if isinstance(tiles, CudaTiles) else "mma"
+    return {"path": path, **tiles.__dict__}
 
 
 def run_variant(args, tiles, asm, xs, idss, wts, gam, foreign, w13, w2, sw13, sw2, bf13, bf2) -> dict:
@@ -189,7 +194,7 @@ def main() -> None:
     p.add_argument("--top-k", type=int, default=6)
     p.add_argument("--sinks", type=int, default=2)
     p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 64])
-    p.add_argument("--tiles", nargs="+", default=[None], help="default | mma | m:up_n,down_n,kb,bk_sink,warps,stages[,asm] | g:bm,up_n,down_n,kw,kw_sink,warps,sink_max, each optionally @batch,batch")
+    p.add_argument("--tiles", nargs="+", default=[None], help="default | mma | m:up_n,down_n,kb,bk_sink,warps,stages[,asm] | g:bm,up_n,down_n,kw,kw_sink,warps,sink_max | c:nt,depth, each optionally @batch,batch")
     p.add_argument("--asm", type=int, nargs="+", default=[1], help="1: PTX bf16 decode, 0: portable decode")
     p.add_argument("--calls", type=int, default=8, help="MoE calls (fresh routings) per captured graph")
     p.add_argument("--replays", type=int, default=20)

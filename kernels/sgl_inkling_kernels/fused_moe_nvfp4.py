@@ -29,6 +29,7 @@ import torch
 from sgl_inkling_kernels._triton import dot_mode, interpreting, mm, next_pow2, require_triton, tl, triton
 from sgl_inkling_kernels.fused_moe import moe_align
 from sgl_inkling_kernels.moe_nvfp4_gemv import INTERPRETER_GEMV_TILES, GemvTiles, moe_nvfp4_gemv
+from sgl_inkling_kernels.moe_w4a16_cuda import CudaTiles, default_cuda_tiles, moe_w4a16_decode, usable
 from sgl_inkling_kernels.w4a16_steps import down_step, up_step
 
 
@@ -172,6 +173,7 @@ class Tiles:
 
 INTERPRETER_TILES = Tiles(up_n=16, down_n=16, kb=16, bk_sink=16, warps=4, stages=1)
 GEMV_MAX_PAIRS = 384  # (token, slot) pairs up to which decode takes the GEMVs: measured up to batch 64 at top-6
+CUDA_MAX_PAIRS_PER_EXPERT = 64  # mean pairs per expert up to which CUDA GPUs take moe_w4a16_cuda
 
 
 def default_tiles(n_pairs: int, n_exp: int) -> Tiles | GemvTiles:
@@ -231,7 +233,7 @@ def fused_moe_nvfp4(
     # them, so no zero-filled buffer is needed): the flag states the caller's intent, as in fused_moe
     *,
     max_tokens: int = 4096,
-    tiles: Tiles | GemvTiles | None = None,  # default: default_tiles
+    tiles: Tiles | GemvTiles | CudaTiles | None = None,  # default: CUDA decode kernels, else default_tiles
     asm: bool | None = None,  # bf16 decode in PTX (default on the GPU for bf16 x)
 ) -> torch.Tensor:
     """fused_moe(x, dequantize_nvfp4(w13..), dequantize_nvfp4(w2..), ids, weights, sinks...) without
@@ -255,7 +257,9 @@ def fused_moe_nvfp4(
     n_exp, two_i, _ = w13.shape
     h, inter = x.shape[1], two_i // 2
     n_pairs = t * k
-    tiles = tiles if tiles is not None else default_tiles(n_pairs, n_exp)
+    if tiles is None:
+        cuda_decode = n_pairs <= CUDA_MAX_PAIRS_PER_EXPERT * n_exp and usable(x, h, inter)
+        tiles = default_cuda_tiles(n_pairs, n_exp) if cuda_decode else default_tiles(n_pairs, n_exp)
     use_asm = (not interpreting() and x.dtype == torch.bfloat16) if asm is None else asm
     if use_asm and x.dtype != torch.bfloat16:
         raise ValueError("fused_moe_nvfp4: the asm decode produces bf16 weights, x must be bf16")
@@ -267,7 +271,13 @@ def fused_moe_nvfp4(
     out = torch.empty(t, k + n_shared, h, dtype=torch.float32, device=x.device)  # foreign slots stay unread
     gam = shared_weights.contiguous() if n_shared else None
     s13, s2 = w13_scale.view(torch.uint8), w2_scale.view(torch.uint8)
-    if isinstance(tiles, GemvTiles):  # decode: row-block GEMVs
+    if isinstance(tiles, CudaTiles):  # decode on the GPU: the CUDA W4A16 MMA kernels
+        if not moe_w4a16_decode(x, w13, s13, w13_scale2, w2, s2, w2_scale2, ids, weights, shared_w13, shared_w2,
+                                gam, act, out, tiles) and n_shared:  # a batch too big for the CUDA sink blocks
+            pad = torch.full((16,), n_pairs, dtype=torch.int64, device=x.device)  # read, never used, by sink blocks
+            _mma(x, w13, s13, w13_scale2, w2, s2, w2_scale2, pad, pad, weights, shared_w13, shared_w2, gam, act, out,
+                 Tiles(), 16, use_asm, routed=False)  # fmt: skip
+    elif isinstance(tiles, GemvTiles):  # decode: row-block GEMVs
         pairs, block_expert = moe_align(ids, n_exp, tiles.bm)
         gemv_sinks = n_shared if t <= tiles.sink_max else 0
         # fp32 activations (x and act): the FMAs take them as they are, with no widening per weight

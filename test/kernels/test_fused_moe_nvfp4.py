@@ -18,6 +18,7 @@ pytest.importorskip("triton")
 from sgl_inkling_kernels.fused_moe import fused_moe_ref  # noqa: E402
 from sgl_inkling_kernels.fused_moe_nvfp4 import INTERPRETER_TILES, Tiles, default_tiles, fused_moe_nvfp4  # noqa: E402
 from sgl_inkling_kernels.moe_nvfp4_gemv import INTERPRETER_GEMV_TILES, GemvTiles  # noqa: E402
+from sgl_inkling_kernels.moe_w4a16_cuda import CudaTiles  # noqa: E402
 
 CUDA = torch.cuda.is_available()
 DEVICE = "cuda" if CUDA else "cpu"
@@ -86,9 +87,9 @@ def test_matches_reference(shape, dtype, asm, path):
     if asm is False and dtype == torch.float32:
         pytest.skip("fp32 always takes the portable decode")
     x, w13, w2, ids, weights, sw13, sw2, gam = _problem(*shape, dtype, seed=sum(shape))
-    tiles = MMA if path == "mma" else None
+    tiles = MMA if path == "mma" else default_tiles(ids.numel(), shape[0])
     if path == "gemv":
-        assert isinstance(default_tiles(ids.numel(), shape[0]), GemvTiles)  # these shapes dispatch to it
+        assert isinstance(tiles, GemvTiles)  # these shapes dispatch to it (where the CUDA kernels do not)
     got = fused_moe_nvfp4(x, *w13, *w2, ids, weights, sw13, sw2, gam, asm=asm, tiles=tiles)
     _assert_close(got, _reference(x, w13, w2, ids, weights, sw13, sw2, gam), dtype)
     routed = fused_moe_nvfp4(x, *w13, *w2, ids, weights, asm=asm, tiles=tiles)  # no sinks
@@ -148,3 +149,45 @@ def test_refuses_wrong_layout_naming_the_tensor():
         fused_moe_nvfp4(x, w13[0], w13[1].float(), w13[2], *w2, ids, weights)
     with pytest.raises(ValueError, match="w2 "):
         fused_moe_nvfp4(x, *w13, w2[0][:, :, :-1], *w2[1:], ids, weights)
+
+
+# The CUDA decode kernels (GPU only): blocks of 8 * nt pairs, 2 or 4 K chunks in flight, sinks in the
+# same launch (T <= 8), in their own launch (8 < T <= 64) or in the Triton MMA kernels (T > 64);
+# experts with more pairs than a block; H and I multiples of the 128-element chunk only.
+CUDA_CASES = [
+    ((8, 2, 6, 6144, 3072, 1), None),
+    ((8, 2, 6, 6144, 3072, 64), None),
+    ((33, 2, 6, 512, 256, 5), CudaTiles(nt=1, depth=4)),
+    ((9, 1, 4, 256, 384, 40), CudaTiles(nt=2)),
+    ((17, 2, 6, 1024, 512, 100), CudaTiles(nt=4)),
+    ((5, 2, 2, 384, 128, 64), CudaTiles(nt=8, depth=4)),
+    ((12, 0, 3, 640, 256, 3), CudaTiles(nt=1)),
+]
+
+
+@pytest.mark.skipif(not CUDA, reason="CUDA kernels")
+@pytest.mark.parametrize("shape,tiles", CUDA_CASES)
+def test_cuda_decode_matches_reference(shape, tiles):
+    x, w13, w2, ids, weights, sw13, sw2, gam = _problem(*shape, torch.bfloat16, seed=5 + sum(shape))
+    if not shape[1]:
+        sw13 = sw2 = gam = None
+    got = fused_moe_nvfp4(x, *w13, *w2, ids, weights, sw13, sw2, gam, tiles=tiles)
+    _assert_close(got, _reference(x, w13, w2, ids, weights, sw13, sw2, gam), torch.bfloat16)
+
+
+@pytest.mark.skipif(not CUDA, reason="CUDA kernels")
+def test_cuda_decode_is_the_default_and_skips_foreign_ids():
+    from sgl_inkling_kernels import fused_moe_nvfp4 as mod
+
+    x, w13, w2, ids, weights, sw13, sw2, gam = _problem(7, 2, 3, 256, 128, 5, torch.bfloat16, seed=13)
+    calls = []
+    real = mod.moe_w4a16_decode
+    mod.moe_w4a16_decode = lambda *a, **k: calls.append(1) or real(*a, **k)
+    try:
+        foreign = ids % 3 == 0
+        got = fused_moe_nvfp4(x, *w13, *w2, torch.where(foreign, 7, ids), weights, sw13, sw2, gam, foreign_ids=True)
+    finally:
+        mod.moe_w4a16_decode = real
+    assert calls, "decode batches on a CUDA GPU go to the CUDA kernels"
+    want = _reference(x, w13, w2, ids, torch.where(foreign, 0.0, weights.float()), sw13, sw2, gam)
+    _assert_close(got, want, torch.bfloat16)

@@ -1,0 +1,375 @@
+// Decode MoE on Hopper: NVFP4 routed experts (and BF16 sinks) as W4A16 tensor-core products.
+//
+// Why CUDA: at batch 1-64 every routed expert has one to a few rows, so the speed is how fast the
+// weight bytes stream (0.5625 byte per weight) and how few instructions each weight costs. The
+// Triton GEMVs spend ~5.3 instructions per weight (decode, widening to fp32, an fp32 FMA) against
+// ~4.4 that 4.3 TB/s allows; here the weights are decoded straight into mma.sync A fragments
+// (bf16, block scale folded in by one packed multiply) and the tensor core does the products:
+// ~2.7 instructions per weight, no shared memory, the next K chunk's loads in flight while this one
+// computes.
+//
+// Swap-AB: out^T[rows, tokens] = W[rows, K] x X^T[K, tokens]; a warp owns a 16-row tile of one
+// expert and up to 8 * NT (token, slot) columns, and walks K in chunks of 128 elements.
+//
+// Fragments straight from the checkpoint layout (no repacking): the sum over K does not care in
+// which order the k16 steps visit K, so in every chunk thread t (c = t % 4) takes the 32 physical
+// elements [32c, 32c + 32) of its two rows (16 code bytes per row: one 16-byte load) and its token
+// (64 bytes of activations: four loads). In k16 step j its A elements a0, a1 (logical k 2c, 2c + 1)
+// are the low nibbles of code bytes 2j, 2j + 1 (physical 4j, 4j + 2), a4, a5 (k 2c + 8, 2c + 9)
+// their high nibbles (4j + 1, 4j + 3); its B elements follow the same map. Every physical element
+// is used exactly once with its own activation and its own block scale (a thread's 32 elements span
+// the two 16-wide scale blocks 2c and 2c + 1 of the chunk).
+//
+// Decode of a code byte pair (the trick of nvfp4_decode.py): a nibble's magnitude bits go to a
+// bf16's bits 6-8 and its sign to bit 15, which is e2m1 * 2^-126 (a subnormal for |v| < 1); one
+// bf16x2 FMA by the block scale * 2^119 makes it e2m1 * scale * 2^-7, exact in bf16; the epilogue
+// multiplies by scale2 * 2^7.
+//
+// Gate/up (UP): w13 rows are interleaved (2n gate, 2n + 1 up); fragment row g of tile rt reads
+// weight row 16 rt + 2g and row g + 8 reads 16 rt + 2g + 1, so a thread holds the gate and the up of
+// the same intermediate column and applies SwiGLU with no shuffle.
+//
+// Buffers and indices are fused_moe_nvfp4's: pairs/block_expert from moe_align(ids, E, 8 * NT);
+// act rows are pairs then sinks (n_pairs + s * T + t); out is the [T, k + S, H] fp32 slot buffer.
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+
+#include <cstdint>
+
+namespace {
+
+constexpr int kWarps = 4;     // 16-row tiles per CTA (one per warp)
+constexpr int kChunk = 128;   // K elements per chunk: 8 k16 steps
+
+struct Blocks {
+  const int64_t* pairs;        // [blocks * BM] flat pair index, n_pairs = padding
+  const int64_t* block_expert; // [blocks] routed expert or -1
+  const float* gam;            // [T, S] sink weights (down), fp32
+  const float* weights;        // [T * k] routing weights (down), fp32
+  int64_t s_gt;
+  int n_pairs, T, topk, n_sink_blocks, block_lo;
+};
+
+__device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
+  uint32_t d;
+  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(sel));
+  return d;
+}
+
+__device__ __forceinline__ uint32_t fma_bf16x2(uint32_t a, uint32_t b) {
+  uint32_t d;
+  asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(0x80008000u));
+  return d;
+}
+
+// Low and high nibbles of code bytes (b0, b1) = bytes `sel` of w, as bf16x2 pairs scaled by s2.
+__device__ __forceinline__ void decode_pair(uint32_t w, uint32_t sel, uint32_t s2, uint32_t& lo,
+                                            uint32_t& hi) {
+  const uint32_t p = prmt(w, 0u, sel);  // byte b0 -> low byte of lane 0, b1 -> of lane 1
+  lo = fma_bf16x2(((p << 12) | (p << 6)) & 0x81C081C0u, s2);
+  hi = fma_bf16x2(((p & 0x00F000F0u) * 260u) & 0x81C081C0u, s2);
+}
+
+// fp8 e4m3 block scales (two adjacent bytes) -> bf16x2 (s * 2^119, s * 2^119) for each.
+__device__ __forceinline__ void scale_pairs(uint16_t two, uint32_t& s_a, uint32_t& s_b) {
+  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(two, __NV_E4M3);
+  const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&h));
+  const float k = 6.646139978924579e35f;  // 2^119
+  __nv_bfloat162 a = __floats2bfloat162_rn(f.x * k, f.x * k);
+  __nv_bfloat162 b = __floats2bfloat162_rn(f.y * k, f.y * k);
+  s_a = *reinterpret_cast<uint32_t*>(&a);
+  s_b = *reinterpret_cast<uint32_t*>(&b);
+}
+
+__device__ __forceinline__ void mma(float* c, const uint32_t* a, uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ uint4 ldg(const void* p) {
+  return __ldg(reinterpret_cast<const uint4*>(p));
+}
+
+// One chunk's weight registers: FP4 two 16-byte code segments + four scale bytes; BF16 eight loads.
+template <bool FP4>
+struct WChunk {
+  uint4 w[FP4 ? 2 : 8];
+  uint16_t s[2];
+};
+
+template <bool FP4>
+__device__ __forceinline__ void load_chunk(WChunk<FP4>& c, const uint8_t* r0, const uint8_t* r1,
+                                           const uint8_t* s0, const uint8_t* s1, int ch, int lane4) {
+  if constexpr (FP4) {
+    c.w[0] = ldg(r0 + ch * 64 + lane4 * 16);
+    c.w[1] = ldg(r1 + ch * 64 + lane4 * 16);
+    c.s[0] = __ldg(reinterpret_cast<const uint16_t*>(s0 + ch * 8 + lane4 * 2));
+    c.s[1] = __ldg(reinterpret_cast<const uint16_t*>(s1 + ch * 8 + lane4 * 2));
+  } else {
+    const int off = (ch * kChunk + lane4 * 32) * 2;
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      c.w[q] = ldg(r0 + off + q * 16);
+      c.w[4 + q] = ldg(r1 + off + q * 16);
+    }
+  }
+}
+
+// The 16 words of a thread's 32 bf16 (activations or BF16 weights) -> the (4j, 4j+2), (4j+1, 4j+3)
+// pairs of step j.
+__device__ __forceinline__ void bf16_pairs(const uint32_t* v, int j, uint32_t& even, uint32_t& odd) {
+  even = prmt(v[2 * j], v[2 * j + 1], 0x5410u);
+  odd = prmt(v[2 * j], v[2 * j + 1], 0x7632u);
+}
+
+template <bool FP4, int NT>
+__device__ __forceinline__ void compute_chunk(float (&acc)[NT][4], const WChunk<FP4>& c,
+                                              const __nv_bfloat16* const (&xrow)[NT], const bool (&xok)[NT],
+                                              int ch, int lane4) {
+  uint32_t xv[NT][16];
+#pragma unroll
+  for (int i = 0; i < NT; ++i) {
+    const uint4* p = reinterpret_cast<const uint4*>(xrow[i] + ch * kChunk + lane4 * 32);
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      const uint4 v = xok[i] ? __ldg(p + q) : make_uint4(0, 0, 0, 0);
+      xv[i][4 * q] = v.x;
+      xv[i][4 * q + 1] = v.y;
+      xv[i][4 * q + 2] = v.z;
+      xv[i][4 * q + 3] = v.w;
+    }
+  }
+  uint32_t sa0 = 0, sb0 = 0, sa1 = 0, sb1 = 0;  // row 0 / row 1 scales of blocks 2c, 2c + 1
+  if constexpr (FP4) {
+    scale_pairs(c.s[0], sa0, sb0);
+    scale_pairs(c.s[1], sa1, sb1);
+  }
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    uint32_t a[4];
+    if constexpr (FP4) {
+      const uint32_t* w0 = reinterpret_cast<const uint32_t*>(&c.w[0]);
+      const uint32_t* w1 = reinterpret_cast<const uint32_t*>(&c.w[1]);
+      const uint32_t sel = (j & 1) ? 0x4342u : 0x4140u;  // bytes 2j, 2j + 1 of the segment
+      const uint32_t s0 = j < 4 ? sa0 : sb0, s1 = j < 4 ? sa1 : sb1;
+      decode_pair(w0[j >> 1], sel, s0, a[0], a[2]);
+      decode_pair(w1[j >> 1], sel, s1, a[1], a[3]);
+    } else {
+      const uint32_t* w0 = reinterpret_cast<const uint32_t*>(&c.w[0]);
+      const uint32_t* w1 = reinterpret_cast<const uint32_t*>(&c.w[4]);
+      bf16_pairs(w0, j, a[0], a[2]);
+      bf16_pairs(w1, j, a[1], a[3]);
+    }
+#pragma unroll
+    for (int i = 0; i < NT; ++i) {
+      uint32_t b0, b1;
+      bf16_pairs(xv[i], j, b0, b1);
+      mma(acc[i], a, b0, b1);
+    }
+  }
+}
+
+// Column n of the block: its x / act row, validity, token, slot and sink index (-1 routed).
+struct Col {
+  int64_t in_row, act_row;
+  int tok, slot;
+  bool ok;
+};
+
+__device__ __forceinline__ Col column(const Blocks& b, int blk, int n, int bm, bool up, bool sink, int s) {
+  Col c;
+  if (sink) {
+    const int tb = (b.T + bm - 1) / bm;
+    const int tok = (blk % tb) * bm + n;
+    c.ok = tok < b.T;
+    c.tok = c.ok ? tok : 0;
+    c.act_row = b.n_pairs + (int64_t)s * b.T + c.tok;
+    c.in_row = up ? c.tok : c.act_row;
+    c.slot = b.topk + s;
+  } else {
+    const int64_t pair = b.pairs[(int64_t)(blk - b.n_sink_blocks) * bm + n];
+    c.ok = pair < b.n_pairs;
+    const int64_t p = c.ok ? pair : 0;
+    c.tok = (int)(p / b.topk);
+    c.slot = (int)(p % b.topk);
+    c.act_row = p;
+    c.in_row = up ? c.tok : p;
+  }
+  return c;
+}
+
+// UP: in = x [T, K] -> act rows (silu(gate) * up), codes = w13. DOWN: in = act -> out slots, codes = w2.
+struct Args {
+  const __nv_bfloat16* in;
+  const uint8_t *codes, *scales, *sink_w;
+  const float* scale2;
+  __nv_bfloat16* act;
+  float* out;
+  int64_t s_in, s_ce, s_cr, s_se, s_sr, s_we, s_wr, s_at, s_ot, s_os;
+  int n_rows, K;
+};
+
+// One warp's 16-row tile of block blk: FP4 a routed block, else a BF16 sink block.
+template <bool FP4, int NT, bool UP, int DEPTH>
+__device__ __forceinline__ void tile(const Args& a, const Blocks& b, int blk, int rt, int g, int lane4) {
+  constexpr int BM = 8 * NT;
+  const bool sink = !FP4;
+  const __nv_bfloat16* in = a.in;
+  const int64_t s_in = a.s_in, s_at = a.s_at, s_ot = a.s_ot, s_os = a.s_os;
+  const int K = a.K;
+  __nv_bfloat16* act = a.act;
+  float* out = a.out;
+  const float* scale2 = a.scale2;
+  int s = 0, e = -1;
+  if (sink) {
+    s = blk / ((b.T + BM - 1) / BM);
+  } else {
+    e = (int)b.block_expert[blk - b.n_sink_blocks];
+    if (e < 0) return;  // past the last real block (the grid is sized for the worst case)
+  }
+  const int row0 = UP ? rt * 16 + 2 * g : rt * 16 + g;
+  const int row1 = UP ? row0 + 1 : row0 + 8;
+  const uint8_t *r0, *r1, *sc0 = nullptr, *sc1 = nullptr;
+  if constexpr (FP4) {
+    r0 = a.codes + e * a.s_ce + row0 * a.s_cr;
+    r1 = a.codes + e * a.s_ce + row1 * a.s_cr;
+    sc0 = a.scales + e * a.s_se + row0 * a.s_sr;
+    sc1 = a.scales + e * a.s_se + row1 * a.s_sr;
+  } else {
+    r0 = a.sink_w + (s * a.s_we + row0 * a.s_wr) * 2;
+    r1 = a.sink_w + (s * a.s_we + row1 * a.s_wr) * 2;
+  }
+  const __nv_bfloat16* xrow[NT];
+  bool xok[NT];
+#pragma unroll
+  for (int i = 0; i < NT; ++i) {  // B column of this thread: g
+    const Col c = column(b, blk, 8 * i + g, BM, UP, sink, s);
+    xrow[i] = in + c.in_row * s_in;
+    xok[i] = c.ok;
+  }
+  float acc[NT][4];
+#pragma unroll
+  for (int i = 0; i < NT; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
+
+  // DEPTH chunks in flight: while chunk ch computes, the loads of ch + 1 .. ch + DEPTH are issued.
+  constexpr int D = FP4 ? DEPTH : 1;
+  const int n_chunks = K / kChunk;
+  WChunk<FP4> buf[D];
+#pragma unroll
+  for (int d = 0; d < D; ++d)
+    if (d < n_chunks) load_chunk<FP4>(buf[d], r0, r1, sc0, sc1, d, lane4);
+  for (int ch0 = 0; ch0 < n_chunks; ch0 += D) {
+#pragma unroll
+    for (int d = 0; d < D; ++d) {
+      const int ch = ch0 + d;
+      if (ch < n_chunks) {
+        const WChunk<FP4> c = buf[d];
+        if (ch + D < n_chunks) load_chunk<FP4>(buf[d], r0, r1, sc0, sc1, ch + D, lane4);
+        compute_chunk<FP4, NT>(acc, c, xrow, xok, ch, lane4);
+      }
+    }
+  }
+
+  const float post = FP4 ? scale2[e] * 128.f : 1.f;  // scale2 and the decode's 2^-7
+#pragma unroll
+  for (int i = 0; i < NT; ++i) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {  // C columns of this thread: 2 * lane4 + h
+      const Col c = column(b, blk, 8 * i + 2 * lane4 + h, BM, UP, sink, s);
+      if (!c.ok) continue;
+      if constexpr (UP) {
+        const float gt = acc[i][h] * post, u = acc[i][2 + h] * post;
+        act[c.act_row * s_at + rt * 8 + g] = __float2bfloat16(gt / (1.f + __expf(-gt)) * u);
+      } else {
+        const float gate = sink ? b.gam[(int64_t)c.tok * b.s_gt + s] : b.weights[c.act_row];
+        float* o = out + (int64_t)c.tok * s_ot + (int64_t)c.slot * s_os;
+        o[row0] = acc[i][h] * post * gate;
+        o[row1] = acc[i][2 + h] * post * gate;
+      }
+    }
+  }
+}
+
+// Sink blocks (BF16) come first in the grid: they are the heaviest, the routed ones fill in behind.
+template <int NT, bool UP, int DEPTH>
+__global__ void __launch_bounds__(kWarps * 32) moe_w4a16_kernel(Args a, Blocks b) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int rt = blockIdx.x * kWarps + warp;  // 16-row tile
+  if (rt * 16 >= a.n_rows) return;
+  const int blk = b.block_lo + blockIdx.y;
+  if (blk < b.n_sink_blocks) tile<false, NT, UP, DEPTH>(a, b, blk, rt, lane >> 2, lane & 3);
+  else tile<true, NT, UP, DEPTH>(a, b, blk, rt, lane >> 2, lane & 3);
+}
+
+}  // namespace
+
+#ifndef MOE_W4A16_DEVICE_ONLY  // the host side (a device-only build checks the kernels without torch)
+#include <ATen/cuda/CUDAContext.h>
+#include <torch/extension.h>
+
+namespace {
+
+template <int NT, bool UP>
+void launch_one(int n_blocks, int depth, const Args& a, const Blocks& b) {
+  const dim3 grid((a.n_rows / 16 + kWarps - 1) / kWarps, n_blocks);
+  auto stream = at::cuda::getCurrentCUDAStream();
+  if (depth == 4) moe_w4a16_kernel<NT, UP, 4><<<grid, kWarps * 32, 0, stream>>>(a, b);
+  else moe_w4a16_kernel<NT, UP, 2><<<grid, kWarps * 32, 0, stream>>>(a, b);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+template <bool UP>
+void launch_nt(int nt, int n_blocks, int depth, const Args& a, const Blocks& b) {
+  switch (nt) {
+    case 1: return launch_one<1, UP>(n_blocks, depth, a, b);
+    case 2: return launch_one<2, UP>(n_blocks, depth, a, b);
+    case 4: return launch_one<4, UP>(n_blocks, depth, a, b);
+    case 8: return launch_one<8, UP>(n_blocks, depth, a, b);
+    default: TORCH_CHECK(false, "moe_w4a16: nt must be 1, 2, 4 or 8, got ", nt);
+  }
+}
+
+
+}  // namespace
+
+// One projection over blocks [block_lo, block_lo + n_blocks): sink blocks (index < n_sink_blocks,
+// BF16 sink_w) first, then the routed blocks of moe_align(ids, E, 8 * nt) (NVFP4 codes/scales).
+// up: in = x [T, H] -> act rows; else in = act -> out slots.
+void moe_w4a16(bool up, int64_t nt, int64_t depth, int64_t block_lo, int64_t n_blocks, torch::Tensor in,
+               torch::Tensor codes, torch::Tensor scales, torch::Tensor scale2, torch::Tensor sink_w,
+               torch::Tensor pairs, torch::Tensor block_expert, torch::Tensor weights, torch::Tensor gam,
+               torch::Tensor act, torch::Tensor out, int64_t n_pairs, int64_t T, int64_t topk,
+               int64_t n_sink_blocks) {
+  TORCH_CHECK(in.scalar_type() == at::kBFloat16 && in.stride(1) == 1 && in.stride(0) % 8 == 0 &&
+                  reinterpret_cast<uintptr_t>(in.data_ptr()) % 16 == 0,
+              "moe_w4a16: activations must be bf16 rows, 16-byte aligned");
+  TORCH_CHECK(pairs.scalar_type() == at::kLong && block_expert.scalar_type() == at::kLong,
+              "moe_w4a16: pairs and block_expert must be int64");
+  TORCH_CHECK(weights.scalar_type() == at::kFloat && (gam.numel() == 0 || gam.scalar_type() == at::kFloat),
+              "moe_w4a16: routing and sink weights must be fp32");
+  const int K = (int)in.size(1);
+  const int n_rows = (int)codes.size(1);
+  TORCH_CHECK(K % kChunk == 0 && n_rows % 16 == 0, "moe_w4a16: K must be a multiple of 128, rows of 16");
+  if (n_blocks <= 0) return;
+  const bool has_sink = sink_w.numel() > 0;
+  Args a{reinterpret_cast<const __nv_bfloat16*>(in.data_ptr()), codes.data_ptr<uint8_t>(),
+         scales.data_ptr<uint8_t>(), has_sink ? reinterpret_cast<const uint8_t*>(sink_w.data_ptr()) : nullptr,
+         scale2.data_ptr<float>(), reinterpret_cast<__nv_bfloat16*>(act.data_ptr()), out.data_ptr<float>(),
+         in.stride(0), codes.stride(0), codes.stride(1), scales.stride(0), scales.stride(1),
+         has_sink ? sink_w.stride(0) : 0, has_sink ? sink_w.stride(1) : 0, act.stride(0), out.stride(0),
+         out.stride(1), n_rows, K};
+  Blocks b{pairs.data_ptr<int64_t>(), block_expert.data_ptr<int64_t>(),
+           gam.numel() ? gam.data_ptr<float>() : nullptr, weights.data_ptr<float>(),
+           gam.numel() ? gam.stride(0) : 0, (int)n_pairs, (int)T, (int)topk, (int)n_sink_blocks,
+           (int)block_lo};
+  if (up) launch_nt<true>((int)nt, (int)n_blocks, (int)depth, a, b);
+  else launch_nt<false>((int)nt, (int)n_blocks, (int)depth, a, b);
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.def("moe_w4a16", &moe_w4a16, "NVFP4/BF16 MoE projection (decode)"); }
+#endif
