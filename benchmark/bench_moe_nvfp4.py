@@ -75,10 +75,18 @@ def copy_tbs() -> float:
     return 2 * src.numel() * 2 / ms / 1e9
 
 
+def read_tbs() -> float:
+    """A batch-1 BF16 linear over 1 GiB of weights (cuBLAS): the read bandwidth a weight stream can get."""
+    w = torch.randn(65536, 8192, dtype=torch.bfloat16, device="cuda")
+    x = torch.randn(1, 8192, dtype=torch.bfloat16, device="cuda")
+    ms = time_graph(lambda _c: x @ w.t(), 4, 10)
+    return w.numel() * 2 / ms / 1e9
+
+
 def parse_tiles(spec: str | None):
     """(tiles, asm choices, batch sizes) of a --tiles entry: "default" (the module's dispatch), "mma"
     (the MMA kernels' defaults), "m:up_n,down_n,kb,bk_sink,warps,stages[,asm]" (MMA), or
-    "g:bm,up_n,down_n,kw,kw_sink,warps,sink_max" (small-M GEMVs), or "c:nt,depth" (the CUDA decode
+    "g:bm,up_n,down_n,kw,kw_sink,warps,sink_max" (small-M GEMVs), or "c:nt,depth,kernel_sink_max" (the CUDA decode
     kernels); "@1,8" after it: only at those batches."""
     spec = spec or "default"
     spec, _, at = spec.partition("@")
@@ -194,7 +202,7 @@ def main() -> None:
     p.add_argument("--top-k", type=int, default=6)
     p.add_argument("--sinks", type=int, default=2)
     p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 64])
-    p.add_argument("--tiles", nargs="+", default=[None], help="default | mma | m:up_n,down_n,kb,bk_sink,warps,stages[,asm] | g:bm,up_n,down_n,kw,kw_sink,warps,sink_max | c:nt,depth, each optionally @batch,batch")
+    p.add_argument("--tiles", nargs="+", default=[None], help="default | mma | m:up_n,down_n,kb,bk_sink,warps,stages[,asm] | g:bm,up_n,down_n,kw,kw_sink,warps,sink_max | c:nt,depth[,kernel_sink_max], each optionally @batch,batch")
     p.add_argument("--asm", type=int, nargs="+", default=[1], help="1: PTX bf16 decode, 0: portable decode")
     p.add_argument("--calls", type=int, default=8, help="MoE calls (fresh routings) per captured graph")
     p.add_argument("--replays", type=int, default=20)
@@ -207,8 +215,8 @@ def main() -> None:
     w13, w2 = quantized(n_exp, 2 * i, h, gen), quantized(n_exp, h, i, gen)
     sw13 = (torch.randn(n_s, 2 * i, h, generator=gen, device="cuda") * h**-0.5).bfloat16()
     sw2 = (torch.randn(n_s, h, i, generator=gen, device="cuda") * i**-0.5).bfloat16()
-    ceiling = copy_tbs()
-    print(f"copy ceiling {ceiling:.2f} TB/s", flush=True)
+    ceiling, read_ceiling = copy_tbs(), read_tbs()
+    print(f"copy ceiling {ceiling:.2f} TB/s, bf16 linear (read) {read_ceiling:.2f} TB/s", flush=True)
     bf13 = bf2 = None
     if not args.no_bf16:  # the same experts dequantized to BF16, for the comparison and the check
         bf13 = torch.empty(n_exp, 2 * i, h, dtype=torch.bfloat16, device="cuda")
@@ -231,6 +239,7 @@ def main() -> None:
         "git_commit": commit,
         "git_dirty": dirty,
         "copy_ceiling_tb_s": ceiling,
+        "bf16_linear_read_tb_s": read_ceiling,
         "results": results,
         "kernels": kernel_stats(args.dump_dir),
     }  # fmt: skip

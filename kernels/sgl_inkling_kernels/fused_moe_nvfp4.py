@@ -272,11 +272,8 @@ def fused_moe_nvfp4(
     gam = shared_weights.contiguous() if n_shared else None
     s13, s2 = w13_scale.view(torch.uint8), w2_scale.view(torch.uint8)
     if isinstance(tiles, CudaTiles):  # decode on the GPU: the CUDA W4A16 MMA kernels
-        if not moe_w4a16_decode(x, w13, s13, w13_scale2, w2, s2, w2_scale2, ids, weights, shared_w13, shared_w2,
-                                gam, act, out, tiles) and n_shared:  # a batch too big for the CUDA sink blocks
-            pad = torch.full((16,), n_pairs, dtype=torch.int64, device=x.device)  # read, never used, by sink blocks
-            _mma(x, w13, s13, w13_scale2, w2, s2, w2_scale2, pad, pad, weights, shared_w13, shared_w2, gam, act, out,
-                 Tiles(), 16, use_asm, routed=False)  # fmt: skip
+        moe_w4a16_decode(x, w13, s13, w13_scale2, w2, s2, w2_scale2, ids, weights, shared_w13, shared_w2, gam, act,
+                         out, tiles)  # fmt: skip
     elif isinstance(tiles, GemvTiles):  # decode: row-block GEMVs
         pairs, block_expert = moe_align(ids, n_exp, tiles.bm)
         gemv_sinks = n_shared if t <= tiles.sink_max else 0

@@ -3,8 +3,8 @@
 csrc/moe_w4a16_mma.cu says why and how (mma.sync fragments decoded straight from the checkpoint's
 code bytes). It is JIT-built with torch's extension builder on first use (about a minute, once
 per machine: the build directory is cached) and used for blocks of 8 * nt (token, slot) pairs of
-one expert; the BF16 sink experts run in the same launches while the batch fits one sink block of
-at most 64 tokens. Prefill (many pairs per expert) stays with the Triton MMA kernels.
+one expert; the BF16 sink experts run in the same launches at small batches (one block per sink),
+through cuBLAS above. Prefill (many pairs per expert) stays with the Triton MMA kernels.
 
 Buffers are fused_moe_nvfp4's: act rows (pairs, then sink s token t at n_pairs + s * T + t) and the
 [T, k + S, H] fp32 slot buffer that its slot sum reduces.
@@ -32,20 +32,25 @@ MAX_SINK_TOKENS = 64  # one sink block holds at most 8 * 8 tokens
 @dataclass(frozen=True)
 class CudaTiles:
     """nt: 8-column MMA tiles per block (a block is 8 * nt pairs of one expert); depth: K chunks of
-    code loads in flight per warp."""
+    code loads in flight per warp (2, 4 or 8); kernel_sink_max: largest batch whose BF16 sinks run in
+    the same launches (one block of at most 64 tokens per sink), larger ones go to cuBLAS; l2: the L2
+    prefetch span of the weight loads in bytes (0, 128 or 256; one build per value)."""
 
     nt: int = 1
-    depth: int = 2
+    depth: int = 4
+    kernel_sink_max: int = 8
+    l2: int = 256
 
 
 @functools.cache
-def _module():
+def _module(l2: int = CudaTiles.l2):
     from torch.utils.cpp_extension import load
 
     start = time.monotonic()
     logger.info("building the CUDA NVFP4 MoE decode kernels (first use on this machine, about a minute)")
-    mod = load(name="sgl_inkling_moe_w4a16", sources=[str(SRC)], extra_cuda_cflags=["-O3", "-std=c++17"],
-               verbose=False)  # fmt: skip
+    suffix = "" if l2 == CudaTiles.l2 else f"_l2_{l2}"
+    mod = load(name="sgl_inkling_moe_w4a16" + suffix, sources=[str(SRC)], verbose=False,
+               extra_cuda_cflags=["-O3", "-std=c++17", f"-DMOE_L2_PREFETCH={l2}"])  # fmt: skip
     logger.info("CUDA NVFP4 MoE decode kernels ready in %.0f s", time.monotonic() - start)
     return mod
 
@@ -80,30 +85,42 @@ def sink_nt(t: int) -> int:
     return 1 if n <= 1 else 2 if n <= 2 else 4 if n <= 4 else 8
 
 
+def sinks_blas(x, sw13, sw2, gam, out, topk: int) -> None:
+    """The BF16 sinks of a batch through cuBLAS: out[:, topk + s] = gam[:, s] * sink_s(x). At more
+    than a few tokens the sinks are a small dense GEMM, which cuBLAS streams near the bandwidth floor
+    (the decode kernels' one-block-per-sink layout leaves most SMs idle there)."""
+    h13 = torch.matmul(x, sw13.transpose(1, 2))  # [S, T, 2I], gate/up interleaved
+    act = torch.nn.functional.silu(h13[..., 0::2]) * h13[..., 1::2]
+    y = torch.bmm(act, sw2.transpose(1, 2))  # [S, T, H]
+    n = sw13.shape[0]
+    out[:, topk : topk + n].copy_((y.float() * gam.t().float().unsqueeze(-1)).transpose(0, 1))
+
+
 def moe_w4a16_decode(x, w13, s13, g13, w2, s2, g2, ids, weights, sw13, sw2, gam, act, out,
-                     tiles: CudaTiles) -> bool:  # fmt: skip
-    """Fill act and out for the routed pairs and, when the batch fits one sink block (T <= 64), for
-    the sinks too; returns whether the sinks were done (else the caller runs them)."""
-    mod = _module()
+                     tiles: CudaTiles) -> None:  # fmt: skip
+    """Fill out (and act) for the routed pairs and the sinks (in the same launches when the batch
+    fits tiles.kernel_sink_max, else through cuBLAS)."""
+    mod = _module(tiles.l2)
     t, k = weights.shape
     n_pairs = t * k
     n_exp = w13.shape[0]
     pairs, block_expert = moe_align(ids, n_exp, 8 * tiles.nt)
     w32 = weights.reshape(-1).float()
-    n_shared = sw13.shape[0] if sw13 is not None and t <= MAX_SINK_TOKENS else 0
+    in_kernel = sw13 is not None and t <= min(tiles.kernel_sink_max, MAX_SINK_TOKENS)
+    if sw13 is not None and not in_kernel:
+        sinks_blas(x, sw13, sw2, gam, out, k)
+    n_sink_blocks = sw13.shape[0] if in_kernel else 0  # one block per sink: sink_nt(t) tiles of 8
     nt_s = sink_nt(t)
-    n_sink_blocks = n_shared  # one block per sink: nt_s tiles of 8 cover the batch
-    g32 = gam.float() if n_shared else w32.new_empty(0)
-    sw13_, sw2_ = (sw13, sw2) if n_shared else (x.new_empty(0), x.new_empty(0))
+    g32 = gam.float() if in_kernel else w32.new_empty(0)
+    sw13_, sw2_ = (sw13, sw2) if in_kernel else (x.new_empty(0), x.new_empty(0))
     n_routed = block_expert.shape[0]
     common = (pairs, block_expert, w32, g32, act, out, n_pairs, t, k, n_sink_blocks)
     for up in (True, False):
         src, codes, scales, scale2, sink = (x, w13, s13, g13, sw13_) if up else (act, w2, s2, g2, sw2_)
-        if n_shared and nt_s == tiles.nt:  # one launch: sink blocks first, the routed ones behind
+        if in_kernel and nt_s == tiles.nt:  # one launch: sink blocks first, the routed ones behind
             mod.moe_w4a16(up, tiles.nt, tiles.depth, 0, n_sink_blocks + n_routed, src, codes, scales, scale2, sink,
                           *common)  # fmt: skip
             continue
-        if n_shared:
+        if in_kernel:
             mod.moe_w4a16(up, nt_s, tiles.depth, 0, n_sink_blocks, src, codes, scales, scale2, sink, *common)
         mod.moe_w4a16(up, tiles.nt, tiles.depth, n_sink_blocks, n_routed, src, codes, scales, scale2, sink, *common)
-    return bool(n_shared)

@@ -91,8 +91,24 @@ __device__ __forceinline__ void mma(float* c, const uint32_t* a, uint32_t b0, ui
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+#ifndef MOE_L2_PREFETCH
+#define MOE_L2_PREFETCH 256
+#endif
+
+// Weights stream once: not kept in L1, and (MOE_L2_PREFETCH) the L2 asked to fetch the whole 256-byte
+// (or 128-byte) span a load falls in, so that the DRAM sees long runs of each row.
 __device__ __forceinline__ uint4 ldg(const void* p) {
-  return __ldg(reinterpret_cast<const uint4*>(p));
+  uint4 v;
+#if MOE_L2_PREFETCH == 256
+  asm("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0,%1,%2,%3}, [%4];"
+      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+#elif MOE_L2_PREFETCH == 128
+  asm("ld.global.nc.L1::no_allocate.L2::128B.v4.u32 {%0,%1,%2,%3}, [%4];"
+      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+#else
+  v = __ldg(reinterpret_cast<const uint4*>(p));
+#endif
+  return v;
 }
 
 // One chunk's weight registers: FP4 two 16-byte code segments + four scale bytes; BF16 eight loads.
@@ -256,8 +272,9 @@ __device__ __forceinline__ void tile(const Args& a, const Blocks& b, int blk, in
 #pragma unroll
   for (int i = 0; i < NT; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
 
-  // DEPTH chunks in flight: while chunk ch computes, the loads of ch + 1 .. ch + DEPTH are issued.
-  constexpr int D = FP4 ? DEPTH : 1;
+  // DEPTH chunks in flight: while chunk ch computes, the loads of ch + 1 .. ch + DEPTH are issued
+  // (a BF16 chunk is 4x the bytes and registers of an NVFP4 one).
+  constexpr int D = FP4 ? DEPTH : (DEPTH >= 4 ? 2 : 1);
   const int n_chunks = K / kChunk;
   WChunk<FP4> buf[D];
 #pragma unroll
@@ -318,8 +335,10 @@ template <int NT, bool UP>
 void launch_one(int n_blocks, int depth, const Args& a, const Blocks& b) {
   const dim3 grid((a.n_rows / 16 + kWarps - 1) / kWarps, n_blocks);
   auto stream = at::cuda::getCurrentCUDAStream();
-  if (depth == 4) moe_w4a16_kernel<NT, UP, 4><<<grid, kWarps * 32, 0, stream>>>(a, b);
-  else moe_w4a16_kernel<NT, UP, 2><<<grid, kWarps * 32, 0, stream>>>(a, b);
+  if (depth == 8) moe_w4a16_kernel<NT, UP, 8><<<grid, kWarps * 32, 0, stream>>>(a, b);
+  else if (depth == 4) moe_w4a16_kernel<NT, UP, 4><<<grid, kWarps * 32, 0, stream>>>(a, b);
+  else if (depth == 2) moe_w4a16_kernel<NT, UP, 2><<<grid, kWarps * 32, 0, stream>>>(a, b);
+  else TORCH_CHECK(false, "moe_w4a16: depth must be 2, 4 or 8, got ", depth);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
