@@ -8,8 +8,9 @@
 // ~2.7 instructions per weight, no shared memory, the next K chunk's loads in flight while this one
 // computes.
 //
-// Swap-AB: out^T[rows, tokens] = W[rows, K] x X^T[K, tokens]; a warp owns a 16-row tile of one
-// expert and up to 8 * NT (token, slot) columns, and walks K in chunks of 128 elements.
+// Swap-AB: out^T[rows, tokens] = W[rows, K] x X^T[K, tokens]; a CTA owns a 16-row tile of one
+// expert and up to 8 * NT (token, slot) columns; its warps walk K in interleaved chunks of 128
+// elements and sum their partial tiles at the end.
 //
 // Fragments straight from the checkpoint layout (no repacking): the sum over K does not care in
 // which order the k16 steps visit K, so in every chunk thread t (c = t % 4) takes the 32 physical
@@ -40,7 +41,7 @@
 
 namespace {
 
-constexpr int kWarps = 4;     // 16-row tiles per CTA (one per warp)
+constexpr int kWarps = 4;     // warps per CTA: they share one 16-row tile and split its K chunks
 constexpr int kChunk = 128;   // K elements per chunk: 8 k16 steps
 
 struct Blocks {
@@ -232,7 +233,7 @@ struct Args {
 
 // One warp's 16-row tile of block blk: FP4 a routed block, else a BF16 sink block.
 template <bool FP4, int NT, bool UP, int DEPTH>
-__device__ __forceinline__ void tile(const Args& a, const Blocks& b, int blk, int rt, int g, int lane4) {
+__device__ __forceinline__ void tile(const Args& a, const Blocks& b, int blk, int rt, int warp, int g, int lane4) {
   constexpr int BM = 8 * NT;
   const bool sink = !FP4;
   const __nv_bfloat16* in = a.in;
@@ -272,25 +273,47 @@ __device__ __forceinline__ void tile(const Args& a, const Blocks& b, int blk, in
 #pragma unroll
   for (int i = 0; i < NT; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
 
-  // DEPTH chunks in flight: while chunk ch computes, the loads of ch + 1 .. ch + DEPTH are issued
-  // (a BF16 chunk is 4x the bytes and registers of an NVFP4 one).
-  constexpr int D = FP4 ? DEPTH : (DEPTH >= 4 ? 2 : 1);
+  // The CTA's warps take the chunks in turn (warp w: chunks w, w + kWarps, ...), so that at any time
+  // kWarps * DEPTH adjacent chunks of every row are requested together: DRAM pages are read in long
+  // runs instead of 64-byte pieces at different times. Each warp keeps DEPTH of its chunks in flight:
+  // while one computes, the loads of the next DEPTH are issued (a BF16 chunk is 4x the bytes and
+  // registers of an NVFP4 one: one is in flight).
+  constexpr int D = FP4 ? DEPTH : 1;
   const int n_chunks = K / kChunk;
   WChunk<FP4> buf[D];
 #pragma unroll
-  for (int d = 0; d < D; ++d)
-    if (d < n_chunks) load_chunk<FP4>(buf[d], r0, r1, sc0, sc1, d, lane4);
-  for (int ch0 = 0; ch0 < n_chunks; ch0 += D) {
+  for (int d = 0; d < D; ++d) {
+    const int ch = warp + kWarps * d;
+    if (ch < n_chunks) load_chunk<FP4>(buf[d], r0, r1, sc0, sc1, ch, lane4);
+  }
+  for (int i0 = 0; warp + kWarps * i0 < n_chunks; i0 += D) {
 #pragma unroll
     for (int d = 0; d < D; ++d) {
-      const int ch = ch0 + d;
+      const int ch = warp + kWarps * (i0 + d);
       if (ch < n_chunks) {
         const WChunk<FP4> c = buf[d];
-        if (ch + D < n_chunks) load_chunk<FP4>(buf[d], r0, r1, sc0, sc1, ch + D, lane4);
+        const int nx = ch + kWarps * D;
+        if (nx < n_chunks) load_chunk<FP4>(buf[d], r0, r1, sc0, sc1, nx, lane4);
         compute_chunk<FP4, NT>(acc, c, xrow, xok, ch, lane4);
       }
     }
   }
+  // Sum the warps' partial products in a fixed order (deterministic); warp 0 writes the tile.
+  __shared__ float red[kWarps - 1][NT * 4][32];
+  if (warp > 0) {
+#pragma unroll
+    for (int i = 0; i < NT; ++i)
+#pragma unroll
+      for (int q = 0; q < 4; ++q) red[warp - 1][i * 4 + q][g * 4 + lane4] = acc[i][q];
+  }
+  __syncthreads();
+  if (warp > 0) return;
+#pragma unroll
+  for (int w = 0; w < kWarps - 1; ++w)
+#pragma unroll
+    for (int i = 0; i < NT; ++i)
+#pragma unroll
+      for (int q = 0; q < 4; ++q) acc[i][q] += red[w][i * 4 + q][g * 4 + lane4];
 
   const float post = FP4 ? scale2[e] * 128.f : 1.f;  // scale2 and the decode's 2^-7
 #pragma unroll
@@ -316,11 +339,10 @@ __device__ __forceinline__ void tile(const Args& a, const Blocks& b, int blk, in
 template <int NT, bool UP, int DEPTH>
 __global__ void __launch_bounds__(kWarps * 32) moe_w4a16_kernel(Args a, Blocks b) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int rt = blockIdx.x * kWarps + warp;  // 16-row tile
-  if (rt * 16 >= a.n_rows) return;
+  const int rt = blockIdx.x;  // 16-row tile
   const int blk = b.block_lo + blockIdx.y;
-  if (blk < b.n_sink_blocks) tile<false, NT, UP, DEPTH>(a, b, blk, rt, lane >> 2, lane & 3);
-  else tile<true, NT, UP, DEPTH>(a, b, blk, rt, lane >> 2, lane & 3);
+  if (blk < b.n_sink_blocks) tile<false, NT, UP, DEPTH>(a, b, blk, rt, warp, lane >> 2, lane & 3);
+  else tile<true, NT, UP, DEPTH>(a, b, blk, rt, warp, lane >> 2, lane & 3);
 }
 
 }  // namespace
@@ -333,7 +355,7 @@ namespace {
 
 template <int NT, bool UP>
 void launch_one(int n_blocks, int depth, const Args& a, const Blocks& b) {
-  const dim3 grid((a.n_rows / 16 + kWarps - 1) / kWarps, n_blocks);
+  const dim3 grid(a.n_rows / 16, n_blocks);
   auto stream = at::cuda::getCurrentCUDAStream();
   if (depth == 8) moe_w4a16_kernel<NT, UP, 8><<<grid, kWarps * 32, 0, stream>>>(a, b);
   else if (depth == 4) moe_w4a16_kernel<NT, UP, 4><<<grid, kWarps * 32, 0, stream>>>(a, b);
