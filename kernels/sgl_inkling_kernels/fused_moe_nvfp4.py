@@ -15,9 +15,11 @@ To read each tile's bytes contiguously the codes of a row are split by nibble: t
 
 These MMA kernels serve prefill. On the H200 (Triton 3.6) they stream 1.6 TB/s at batch 1 and
 1.0 TB/s at batch 64, bound by the SM's L1/shared-memory pipe, not by DRAM: every warp re-reads the
-activation tile for its MMA (ncu_moe_nvfp4_up_bs1.txt). Decode batches (few rows per expert) take
-the row-block GEMVs of moe_nvfp4_gemv instead (default_tiles), with the sinks still in these kernels
-(benchmark/results/bench_moe_nvfp4_inkling-slice.json).
+activation tile for its MMA (ncu_moe_nvfp4_up_bs1.txt). On CUDA GPUs, batches of up to
+CUDA_MAX_PAIRS_PER_EXPERT pairs per expert (decode, MTP verify, short extends) take the CUDA W4A16
+kernels of moe_w4a16_cuda (2.7 TB/s at batch 1, 2.2 at batch 64 on the H200); elsewhere (the
+interpreter, widths not a multiple of 128) decode takes the row-block GEMVs of moe_nvfp4_gemv
+(default_tiles), with the sinks in these kernels (benchmark/results/bench_moe_nvfp4_inkling-slice.json).
 """
 
 from __future__ import annotations

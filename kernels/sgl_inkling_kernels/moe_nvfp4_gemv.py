@@ -1,4 +1,4 @@
-"""The small-M (decode) path of fused_moe_nvfp4: gate/up + SwiGLU and down as row-block GEMVs.
+"""The small-M (decode) path of fused_moe_nvfp4 where the CUDA kernels (moe_w4a16_cuda) are not used: gate/up + SwiGLU and down as row-block GEMVs.
 
 At decode every routed expert gets one or two rows (batch 64, top-6 of 256: ~1.9), so an MMA
 padded to 16+ rows wastes most of its work and, worse, every warp re-reads the activation tile

@@ -74,8 +74,8 @@ def build() -> None:
 def default_cuda_tiles(n_pairs: int, n_exp: int) -> CudaTiles:
     """Columns per block from the mean pairs per expert (blocks padded to 8 * nt cost MMA work and
     activation loads, never weight bytes, which each block reads once)."""
-    mean = n_pairs / max(n_exp, 1)
-    nt = 1 if mean <= 4 else 2 if mean <= 10 else 4 if mean <= 24 else 8
+    mean = n_pairs / max(n_exp, 1)  # H200, inkling-slice: nt 1 is best up to a mean of 6, nt 4 at 24
+    nt = 1 if mean <= 8 else 2 if mean <= 16 else 4 if mean <= 40 else 8
     return CudaTiles(nt=nt)
 
 

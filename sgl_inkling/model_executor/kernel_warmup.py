@@ -5,7 +5,9 @@ A kernel compiles once per set of constexprs and specialised int arguments. The 
 from the model's shapes, plus a few choices made from the token count: extensions of at most
 SHORT_EXTEND tokens per sequence run as decode queries, the router's fp32 GEMM runs in our kernel
 up to FUSED_ROUTER_MAX_TOKENS, and the fused MoE takes large row blocks once a batch has
-4 (token, expert) pairs per local expert. The kernels mark their batch-dependent ints
+4 (token, expert) pairs per local expert; with NVFP4 experts on a CUDA GPU, batches of up to
+CUDA_MAX_PAIRS_PER_EXPERT pairs per expert take the CUDA decode kernels (one build of every
+variant, at the first call) and longer ones the Triton MMA kernels. The kernels mark their batch-dependent ints
 `do_not_specialize`, so one batch down each path is enough: extends of 1 token, SHORT_EXTEND, one
 past it, one past the router limit and one past the MoE's (with and without a cached prefix), and
 eager decode steps at batch 1 and at the largest batch (graph capture covers its own buckets).
@@ -21,14 +23,18 @@ import torch
 from sgl_inkling.layers.attention.triton_backend import SHORT_EXTEND
 from sgl_inkling.model_executor.forward_batch import ForwardBatch, ForwardMode
 from sgl_inkling.models.inkling.moe import FUSED_ROUTER_MAX_TOKENS, MoE
+from sgl_inkling_kernels.fused_moe_nvfp4 import CUDA_MAX_PAIRS_PER_EXPERT
 from sgl_inkling_kernels.jit_watch import log_compiles_after_warmup
 
 
-def extend_lengths(model, max_context_len: int) -> list[int]:
+def extend_lengths(model, max_context_len: int, device: torch.device = torch.device("cpu")) -> list[int]:
     """Token counts, one per kernel path an extend can take, each below the context limit."""
     moe = [m for m in model.modules() if isinstance(m, MoE)]
     big = max((-(-4 * m.experts.num_local // m.gate.top_k) + 1 for m in moe), default=1)
     want = {1, SHORT_EXTEND, SHORT_EXTEND + 1, FUSED_ROUTER_MAX_TOKENS + 1, big}
+    if device.type == "cuda":  # past the CUDA decode kernels of NVFP4 experts: the Triton MMA ones
+        want |= {-(-CUDA_MAX_PAIRS_PER_EXPERT * m.experts.num_local // m.gate.top_k) + 1 for m in moe
+                 if m.experts.nvfp4}  # fmt: skip
     return sorted(min(n, max_context_len - 2) for n in want)
 
 
@@ -37,7 +43,7 @@ def warm_up_kernels(runner, max_running_requests: int) -> None:
     pad, dev = runner.req_to_token.pad_row, runner.device
     ctx = runner.req_to_token.max_context_len
     with torch.no_grad():
-        for n in extend_lengths(runner.model, ctx):
+        for n in extend_lengths(runner.model, ctx, dev):
             for prefix in (0, 1):  # a fresh sequence, and one resuming from its conv state and KV
                 batch = ForwardBatch.build(ForwardMode.EXTEND, [[0] * n], [pad], [prefix], [0] * n, [0] * n, dev)
                 runner.forward_eager(batch)
