@@ -1,8 +1,9 @@
 """The decode path of fused_moe_nvfp4 on NVIDIA GPUs: W4A16 tensor-core projections in CUDA C++.
 
 csrc/moe_w4a16_mma.cu says why and how (mma.sync fragments decoded straight from the checkpoint's
-code bytes). It is JIT-built with torch's extension builder on first use (about a minute, once
-per machine: the build directory is cached) and used for blocks of 8 * nt (token, slot) pairs of
+code bytes). It is built with nvcc on first use (cuda_build: seconds, cached per machine) and
+called through ctypes on torch's current stream, so it is captured by CUDA graphs like any
+kernel; it is used for blocks of 8 * nt (token, slot) pairs of
 one expert; the BF16 sink experts run in the same launches at small batches (one block per sink),
 through cuBLAS above. Prefill (many pairs per expert) stays with the Triton MMA kernels.
 
@@ -12,17 +13,15 @@ Buffers are fused_moe_nvfp4's: act rows (pairs, then sink s token t at n_pairs +
 
 from __future__ import annotations
 
+import ctypes
 import functools
-import logging
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from sgl_inkling_kernels.cuda_build import load_cuda_library
 from sgl_inkling_kernels.fused_moe import moe_align
-
-logger = logging.getLogger(__name__)
 
 SRC = Path(__file__).with_name("csrc") / "moe_w4a16_mma.cu"
 CHUNK = 128  # K elements per chunk of the kernel: H and I must be multiples of it
@@ -33,26 +32,52 @@ MAX_SINK_TOKENS = 64  # one sink block holds at most 8 * 8 tokens
 class CudaTiles:
     """nt: 8-column MMA tiles per block (a block is 8 * nt pairs of one expert); depth: K chunks of
     code loads in flight per warp (2, 4 or 8); kernel_sink_max: largest batch whose BF16 sinks run in
-    the same launches (one block of at most 64 tokens per sink), larger ones go to cuBLAS; l2: the L2
-    prefetch span of the weight loads in bytes (0, 128 or 256; one build per value)."""
+    the same launches (one block of at most 64 tokens per sink), larger ones go to cuBLAS. Build
+    choices (one library per combination): l2, the L2 prefetch span of the weight loads in bytes
+    (0, 128 or 256); warps per CTA (they split K); dual_acc, two mma chains per chunk."""
 
     nt: int = 1
     depth: int = 4
     kernel_sink_max: int = 8
     l2: int = 256
+    warps: int = 4
+    dual_acc: int = 0
+
+    def defines(self) -> tuple[tuple[str, int], ...]:
+        return ("MOE_L2_PREFETCH", self.l2), ("MOE_WARPS", self.warps), ("MOE_DUAL_ACC", self.dual_acc)
+
+
+_I, _L, _P = ctypes.c_int, ctypes.c_int64, ctypes.c_void_p
+_ARGS = [_I] * 5 + [_P, _L, _P, _L, _L, _P, _L, _L, _P, _P, _L, _L, _P, _P, _P, _P, _L, _P, _L, _P, _L, _L] + [_I] * 6 + [_P]
 
 
 @functools.cache
-def _module(l2: int = CudaTiles.l2):
-    from torch.utils.cpp_extension import load
+def _library(defines: tuple[tuple[str, int], ...] = CudaTiles().defines()) -> ctypes.CDLL:
+    lib = load_cuda_library(SRC, dict(defines))
+    lib.sgl_moe_w4a16.argtypes = _ARGS
+    lib.sgl_moe_w4a16.restype = ctypes.c_int
+    lib.sgl_moe_w4a16_error.argtypes = [ctypes.c_int]
+    lib.sgl_moe_w4a16_error.restype = ctypes.c_char_p
+    return lib
 
-    start = time.monotonic()
-    logger.info("building the CUDA NVFP4 MoE decode kernels (first use on this machine, about a minute)")
-    suffix = "" if l2 == CudaTiles.l2 else f"_l2_{l2}"
-    mod = load(name="sgl_inkling_moe_w4a16" + suffix, sources=[str(SRC)], verbose=False,
-               extra_cuda_cflags=["-O3", "-std=c++17", f"-DMOE_L2_PREFETCH={l2}"])  # fmt: skip
-    logger.info("CUDA NVFP4 MoE decode kernels ready in %.0f s", time.monotonic() - start)
-    return mod
+
+def _launch(lib, up: bool, nt: int, depth: int, block_lo: int, n_blocks: int, src, codes, scales, scale2, sink,
+            pairs, block_expert, w32, g32, act, out, n_pairs: int, t: int, k: int, n_sink_blocks: int) -> None:  # fmt: skip
+    """One projection (see sgl_moe_w4a16 in the source); strides of the uint8 codes/scales in bytes."""
+    if src.stride(1) != 1 or src.stride(0) % 8 or src.data_ptr() % 16:
+        raise ValueError("moe_w4a16: activations must be bf16 rows starting on 16-byte boundaries")
+    has_sink = sink.numel() > 0
+    rc = lib.sgl_moe_w4a16(
+        int(up), nt, depth, block_lo, n_blocks, src.data_ptr(), src.stride(0),
+        codes.data_ptr(), codes.stride(0), codes.stride(1), scales.data_ptr(), scales.stride(0), scales.stride(1),
+        scale2.data_ptr(), sink.data_ptr() if has_sink else None, sink.stride(0) if has_sink else 0,
+        sink.stride(1) if has_sink else 0, pairs.data_ptr(), block_expert.data_ptr(), w32.data_ptr(),
+        g32.data_ptr() if g32.numel() else None, g32.stride(0) if g32.numel() else 0,
+        act.data_ptr(), act.stride(0), out.data_ptr(), out.stride(0), out.stride(1),
+        codes.shape[1], src.shape[1], n_pairs, t, k, n_sink_blocks, torch.cuda.current_stream(src.device).cuda_stream,
+    )  # fmt: skip
+    if rc:
+        raise RuntimeError(f"moe_w4a16 launch failed: {lib.sgl_moe_w4a16_error(rc).decode()}")
 
 
 @functools.cache
@@ -68,7 +93,7 @@ def usable(x: torch.Tensor, hidden: int, inter: int) -> bool:
 
 def build() -> None:
     """Compile now (start-up warm-up) instead of inside the first request."""
-    _module()
+    _library()
 
 
 def default_cuda_tiles(n_pairs: int, n_exp: int) -> CudaTiles:
@@ -100,7 +125,7 @@ def moe_w4a16_decode(x, w13, s13, g13, w2, s2, g2, ids, weights, sw13, sw2, gam,
                      tiles: CudaTiles) -> None:  # fmt: skip
     """Fill out (and act) for the routed pairs and the sinks (in the same launches when the batch
     fits tiles.kernel_sink_max, else through cuBLAS)."""
-    mod = _module(tiles.l2)
+    lib = _library(tiles.defines())
     t, k = weights.shape
     n_pairs = t * k
     n_exp = w13.shape[0]
@@ -118,9 +143,9 @@ def moe_w4a16_decode(x, w13, s13, g13, w2, s2, g2, ids, weights, sw13, sw2, gam,
     for up in (True, False):
         src, codes, scales, scale2, sink = (x, w13, s13, g13, sw13_) if up else (act, w2, s2, g2, sw2_)
         if in_kernel and nt_s == tiles.nt:  # one launch: sink blocks first, the routed ones behind
-            mod.moe_w4a16(up, tiles.nt, tiles.depth, 0, n_sink_blocks + n_routed, src, codes, scales, scale2, sink,
-                          *common)  # fmt: skip
+            _launch(lib, up, tiles.nt, tiles.depth, 0, n_sink_blocks + n_routed, src, codes, scales, scale2, sink,
+                    *common)  # fmt: skip
             continue
         if in_kernel:
-            mod.moe_w4a16(up, nt_s, tiles.depth, 0, n_sink_blocks, src, codes, scales, scale2, sink, *common)
-        mod.moe_w4a16(up, tiles.nt, tiles.depth, n_sink_blocks, n_routed, src, codes, scales, scale2, sink, *common)
+            _launch(lib, up, nt_s, tiles.depth, 0, n_sink_blocks, src, codes, scales, scale2, sink, *common)
+        _launch(lib, up, tiles.nt, tiles.depth, n_sink_blocks, n_routed, src, codes, scales, scale2, sink, *common)

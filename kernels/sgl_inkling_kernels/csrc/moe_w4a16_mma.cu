@@ -41,7 +41,10 @@
 
 namespace {
 
-constexpr int kWarps = 4;     // warps per CTA: they share one 16-row tile and split its K chunks
+#ifndef MOE_WARPS
+#define MOE_WARPS 4
+#endif
+constexpr int kWarps = MOE_WARPS;  // warps per CTA: they share one 16-row tile and split its K chunks
 constexpr int kChunk = 128;   // K elements per chunk: 8 k16 steps
 
 struct Blocks {
@@ -144,49 +147,81 @@ __device__ __forceinline__ void bf16_pairs(const uint32_t* v, int j, uint32_t& e
   odd = prmt(v[2 * j], v[2 * j + 1], 0x7632u);
 }
 
+#ifndef MOE_DUAL_ACC
+#define MOE_DUAL_ACC 0
+#endif
+
+// acc2: the odd k16 steps' accumulator when MOE_DUAL_ACC (two independent mma chains per chunk).
+template <bool FP4>
+__device__ __forceinline__ void a_fragment(const WChunk<FP4>& c, int j, uint32_t sa0, uint32_t sb0, uint32_t sa1,
+                                           uint32_t sb1, uint32_t (&a)[4]) {
+  if constexpr (FP4) {
+    const uint32_t* w0 = reinterpret_cast<const uint32_t*>(&c.w[0]);
+    const uint32_t* w1 = reinterpret_cast<const uint32_t*>(&c.w[1]);
+    const uint32_t sel = (j & 1) ? 0x4342u : 0x4140u;  // bytes 2j, 2j + 1 of the segment
+    const uint32_t s0 = j < 4 ? sa0 : sb0, s1 = j < 4 ? sa1 : sb1;
+    decode_pair(w0[j >> 1], sel, s0, a[0], a[2]);
+    decode_pair(w1[j >> 1], sel, s1, a[1], a[3]);
+  } else {
+    bf16_pairs(reinterpret_cast<const uint32_t*>(&c.w[0]), j, a[0], a[2]);
+    bf16_pairs(reinterpret_cast<const uint32_t*>(&c.w[4]), j, a[1], a[3]);
+  }
+}
+
+// A thread's 32 activations of column i in this chunk (16 words), zero for an invalid column.
+__device__ __forceinline__ void load_x(const __nv_bfloat16* row, bool ok, int ch, int lane4, uint32_t (&xv)[16]) {
+  const uint4* p = reinterpret_cast<const uint4*>(row + ch * kChunk + lane4 * 32);
+#pragma unroll
+  for (int q = 0; q < 4; ++q) {
+    const uint4 v = ok ? __ldg(p + q) : make_uint4(0, 0, 0, 0);
+    xv[4 * q] = v.x;
+    xv[4 * q + 1] = v.y;
+    xv[4 * q + 2] = v.z;
+    xv[4 * q + 3] = v.w;
+  }
+}
+
+// One chunk's products. Up to 2 column tiles: activations first, then per k16 step one A fragment
+// for every tile. More tiles: the 8 A fragments first (32 registers), then the tiles one by one, so
+// that registers hold one tile's activations instead of all of them.
 template <bool FP4, int NT>
-__device__ __forceinline__ void compute_chunk(float (&acc)[NT][4], const WChunk<FP4>& c,
+__device__ __forceinline__ void compute_chunk(float (&acc)[NT][4], float (&acc2)[NT][4], const WChunk<FP4>& c,
                                               const __nv_bfloat16* const (&xrow)[NT], const bool (&xok)[NT],
                                               int ch, int lane4) {
-  uint32_t xv[NT][16];
-#pragma unroll
-  for (int i = 0; i < NT; ++i) {
-    const uint4* p = reinterpret_cast<const uint4*>(xrow[i] + ch * kChunk + lane4 * 32);
-#pragma unroll
-    for (int q = 0; q < 4; ++q) {
-      const uint4 v = xok[i] ? __ldg(p + q) : make_uint4(0, 0, 0, 0);
-      xv[i][4 * q] = v.x;
-      xv[i][4 * q + 1] = v.y;
-      xv[i][4 * q + 2] = v.z;
-      xv[i][4 * q + 3] = v.w;
-    }
-  }
   uint32_t sa0 = 0, sb0 = 0, sa1 = 0, sb1 = 0;  // row 0 / row 1 scales of blocks 2c, 2c + 1
   if constexpr (FP4) {
     scale_pairs(c.s[0], sa0, sb0);
     scale_pairs(c.s[1], sa1, sb1);
   }
+  if constexpr (NT <= 2) {
+    uint32_t xv[NT][16];
 #pragma unroll
-  for (int j = 0; j < 8; ++j) {
-    uint32_t a[4];
-    if constexpr (FP4) {
-      const uint32_t* w0 = reinterpret_cast<const uint32_t*>(&c.w[0]);
-      const uint32_t* w1 = reinterpret_cast<const uint32_t*>(&c.w[1]);
-      const uint32_t sel = (j & 1) ? 0x4342u : 0x4140u;  // bytes 2j, 2j + 1 of the segment
-      const uint32_t s0 = j < 4 ? sa0 : sb0, s1 = j < 4 ? sa1 : sb1;
-      decode_pair(w0[j >> 1], sel, s0, a[0], a[2]);
-      decode_pair(w1[j >> 1], sel, s1, a[1], a[3]);
-    } else {
-      const uint32_t* w0 = reinterpret_cast<const uint32_t*>(&c.w[0]);
-      const uint32_t* w1 = reinterpret_cast<const uint32_t*>(&c.w[4]);
-      bf16_pairs(w0, j, a[0], a[2]);
-      bf16_pairs(w1, j, a[1], a[3]);
+    for (int i = 0; i < NT; ++i) load_x(xrow[i], xok[i], ch, lane4, xv[i]);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      uint32_t a[4];
+      a_fragment<FP4>(c, j, sa0, sb0, sa1, sb1, a);
+#pragma unroll
+      for (int i = 0; i < NT; ++i) {
+        uint32_t b0, b1;
+        bf16_pairs(xv[i], j, b0, b1);
+        mma((MOE_DUAL_ACC && (j & 1)) ? acc2[i] : acc[i], a, b0, b1);
+      }
     }
+  } else {
+    uint32_t a[8][4];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) a_fragment<FP4>(c, j, sa0, sb0, sa1, sb1, a[j]);
 #pragma unroll
     for (int i = 0; i < NT; ++i) {
-      uint32_t b0, b1;
-      bf16_pairs(xv[i], j, b0, b1);
-      mma(acc[i], a, b0, b1);
+      uint32_t xv[16];
+      load_x(xrow[i], xok[i], ch, lane4, xv);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        uint32_t b0, b1;
+        bf16_pairs(xv, j, b0, b1);
+        mma(acc[i], a[j], b0, b1);
+      }
     }
   }
 }
@@ -269,9 +304,11 @@ __device__ __forceinline__ void tile(const Args& a, const Blocks& b, int blk, in
     xrow[i] = in + c.in_row * s_in;
     xok[i] = c.ok;
   }
-  float acc[NT][4];
+  float acc[NT][4], acc2[NT][4];
 #pragma unroll
-  for (int i = 0; i < NT; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
+  for (int i = 0; i < NT; ++i)
+#pragma unroll
+    for (int q = 0; q < 4; ++q) acc[i][q] = acc2[i][q] = 0.f;
 
   // The CTA's warps take the chunks in turn (warp w: chunks w, w + kWarps, ...), so that at any time
   // kWarps * DEPTH adjacent chunks of every row are requested together: DRAM pages are read in long
@@ -294,9 +331,15 @@ __device__ __forceinline__ void tile(const Args& a, const Blocks& b, int blk, in
         const WChunk<FP4> c = buf[d];
         const int nx = ch + kWarps * D;
         if (nx < n_chunks) load_chunk<FP4>(buf[d], r0, r1, sc0, sc1, nx, lane4);
-        compute_chunk<FP4, NT>(acc, c, xrow, xok, ch, lane4);
+        compute_chunk<FP4, NT>(acc, acc2, c, xrow, xok, ch, lane4);
       }
     }
+  }
+  if (MOE_DUAL_ACC) {
+#pragma unroll
+    for (int i = 0; i < NT; ++i)
+#pragma unroll
+      for (int q = 0; q < 4; ++q) acc[i][q] += acc2[i][q];
   }
   // Sum the warps' partial products in a fixed order (deterministic); warp 0 writes the tile.
   __shared__ float red[kWarps - 1][NT * 4][32];
@@ -345,72 +388,52 @@ __global__ void __launch_bounds__(kWarps * 32) moe_w4a16_kernel(Args a, Blocks b
   else tile<true, NT, UP, DEPTH>(a, b, blk, rt, warp, lane >> 2, lane & 3);
 }
 
-}  // namespace
-
-#ifndef MOE_W4A16_DEVICE_ONLY  // the host side (a device-only build checks the kernels without torch)
-#include <ATen/cuda/CUDAContext.h>
-#include <torch/extension.h>
-
-namespace {
-
+// The C entry point (loaded with ctypes: no torch headers, so the build takes seconds and does not
+// depend on torch's C++ ABI). The caller checks dtypes, shapes and alignment.
 template <int NT, bool UP>
-void launch_one(int n_blocks, int depth, const Args& a, const Blocks& b) {
+cudaError_t launch_one(int n_blocks, int depth, const Args& a, const Blocks& b, cudaStream_t stream) {
   const dim3 grid(a.n_rows / 16, n_blocks);
-  auto stream = at::cuda::getCurrentCUDAStream();
   if (depth == 8) moe_w4a16_kernel<NT, UP, 8><<<grid, kWarps * 32, 0, stream>>>(a, b);
   else if (depth == 4) moe_w4a16_kernel<NT, UP, 4><<<grid, kWarps * 32, 0, stream>>>(a, b);
   else if (depth == 2) moe_w4a16_kernel<NT, UP, 2><<<grid, kWarps * 32, 0, stream>>>(a, b);
-  else TORCH_CHECK(false, "moe_w4a16: depth must be 2, 4 or 8, got ", depth);
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  else return cudaErrorInvalidValue;
+  return cudaGetLastError();
 }
 
 template <bool UP>
-void launch_nt(int nt, int n_blocks, int depth, const Args& a, const Blocks& b) {
+cudaError_t launch_nt(int nt, int n_blocks, int depth, const Args& a, const Blocks& b, cudaStream_t stream) {
   switch (nt) {
-    case 1: return launch_one<1, UP>(n_blocks, depth, a, b);
-    case 2: return launch_one<2, UP>(n_blocks, depth, a, b);
-    case 4: return launch_one<4, UP>(n_blocks, depth, a, b);
-    case 8: return launch_one<8, UP>(n_blocks, depth, a, b);
-    default: TORCH_CHECK(false, "moe_w4a16: nt must be 1, 2, 4 or 8, got ", nt);
+    case 1: return launch_one<1, UP>(n_blocks, depth, a, b, stream);
+    case 2: return launch_one<2, UP>(n_blocks, depth, a, b, stream);
+    case 4: return launch_one<4, UP>(n_blocks, depth, a, b, stream);
+    case 8: return launch_one<8, UP>(n_blocks, depth, a, b, stream);
+    default: return cudaErrorInvalidValue;
   }
 }
-
 
 }  // namespace
 
 // One projection over blocks [block_lo, block_lo + n_blocks): sink blocks (index < n_sink_blocks,
 // BF16 sink_w) first, then the routed blocks of moe_align(ids, E, 8 * nt) (NVFP4 codes/scales).
-// up: in = x [T, H] -> act rows; else in = act -> out slots.
-void moe_w4a16(bool up, int64_t nt, int64_t depth, int64_t block_lo, int64_t n_blocks, torch::Tensor in,
-               torch::Tensor codes, torch::Tensor scales, torch::Tensor scale2, torch::Tensor sink_w,
-               torch::Tensor pairs, torch::Tensor block_expert, torch::Tensor weights, torch::Tensor gam,
-               torch::Tensor act, torch::Tensor out, int64_t n_pairs, int64_t T, int64_t topk,
-               int64_t n_sink_blocks) {
-  TORCH_CHECK(in.scalar_type() == at::kBFloat16 && in.stride(1) == 1 && in.stride(0) % 8 == 0 &&
-                  reinterpret_cast<uintptr_t>(in.data_ptr()) % 16 == 0,
-              "moe_w4a16: activations must be bf16 rows, 16-byte aligned");
-  TORCH_CHECK(pairs.scalar_type() == at::kLong && block_expert.scalar_type() == at::kLong,
-              "moe_w4a16: pairs and block_expert must be int64");
-  TORCH_CHECK(weights.scalar_type() == at::kFloat && (gam.numel() == 0 || gam.scalar_type() == at::kFloat),
-              "moe_w4a16: routing and sink weights must be fp32");
-  const int K = (int)in.size(1);
-  const int n_rows = (int)codes.size(1);
-  TORCH_CHECK(K % kChunk == 0 && n_rows % 16 == 0, "moe_w4a16: K must be a multiple of 128, rows of 16");
-  if (n_blocks <= 0) return;
-  const bool has_sink = sink_w.numel() > 0;
-  Args a{reinterpret_cast<const __nv_bfloat16*>(in.data_ptr()), codes.data_ptr<uint8_t>(),
-         scales.data_ptr<uint8_t>(), has_sink ? reinterpret_cast<const uint8_t*>(sink_w.data_ptr()) : nullptr,
-         scale2.data_ptr<float>(), reinterpret_cast<__nv_bfloat16*>(act.data_ptr()), out.data_ptr<float>(),
-         in.stride(0), codes.stride(0), codes.stride(1), scales.stride(0), scales.stride(1),
-         has_sink ? sink_w.stride(0) : 0, has_sink ? sink_w.stride(1) : 0, act.stride(0), out.stride(0),
-         out.stride(1), n_rows, K};
-  Blocks b{pairs.data_ptr<int64_t>(), block_expert.data_ptr<int64_t>(),
-           gam.numel() ? gam.data_ptr<float>() : nullptr, weights.data_ptr<float>(),
-           gam.numel() ? gam.stride(0) : 0, (int)n_pairs, (int)T, (int)topk, (int)n_sink_blocks,
-           (int)block_lo};
-  if (up) launch_nt<true>((int)nt, (int)n_blocks, (int)depth, a, b);
-  else launch_nt<false>((int)nt, (int)n_blocks, (int)depth, a, b);
+// up: in = x [T, H] -> act rows; else in = act -> out slots. Strides in elements (bytes for the
+// uint8 codes and scales). Returns a cudaError_t (0: launched).
+extern "C" int sgl_moe_w4a16(int up, int nt, int depth, int block_lo, int n_blocks, const void* in, int64_t s_in,
+                             const void* codes, int64_t s_ce, int64_t s_cr, const void* scales, int64_t s_se,
+                             int64_t s_sr, const void* scale2, const void* sink_w, int64_t s_we, int64_t s_wr,
+                             const void* pairs, const void* block_expert, const void* weights, const void* gam,
+                             int64_t s_gt, void* act, int64_t s_at, void* out, int64_t s_ot, int64_t s_os,
+                             int n_rows, int K, int n_pairs, int T, int topk, int n_sink_blocks, void* stream) {
+  if (n_blocks <= 0) return 0;
+  if (K % kChunk || n_rows % 16) return cudaErrorInvalidValue;
+  const Args a{static_cast<const __nv_bfloat16*>(in), static_cast<const uint8_t*>(codes),
+               static_cast<const uint8_t*>(scales), static_cast<const uint8_t*>(sink_w),
+               static_cast<const float*>(scale2), static_cast<__nv_bfloat16*>(act), static_cast<float*>(out),
+               s_in, s_ce, s_cr, s_se, s_sr, s_we, s_wr, s_at, s_ot, s_os, n_rows, K};
+  const Blocks b{static_cast<const int64_t*>(pairs), static_cast<const int64_t*>(block_expert),
+                 static_cast<const float*>(gam), static_cast<const float*>(weights), s_gt, n_pairs, T, topk,
+                 n_sink_blocks, block_lo};
+  const auto st = static_cast<cudaStream_t>(stream);
+  return up ? launch_nt<true>(nt, n_blocks, depth, a, b, st) : launch_nt<false>(nt, n_blocks, depth, a, b, st);
 }
 
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.def("moe_w4a16", &moe_w4a16, "NVFP4/BF16 MoE projection (decode)"); }
-#endif
+extern "C" const char* sgl_moe_w4a16_error(int code) { return cudaGetErrorString(static_cast<cudaError_t>(code)); }
