@@ -34,17 +34,20 @@ class CudaTiles:
     code loads in flight per warp (2, 4 or 8); kernel_sink_max: largest batch whose BF16 sinks run in
     the same launches (one block of at most 64 tokens per sink), larger ones go to cuBLAS. Build
     choices (one library per combination): l2, the L2 prefetch span of the weight loads in bytes
-    (0, 128 or 256); warps per CTA (they split K); dual_acc, two mma chains per chunk."""
+    (0, 128 or 256); warps per CTA (they split K); dual_acc, two mma chains per chunk; x_prefetch,
+    the next chunk's activations loaded while one computes (one column tile)."""
 
     nt: int = 1
     depth: int = 4
     kernel_sink_max: int = 8
     l2: int = 256
     warps: int = 4
-    dual_acc: int = 0
+    dual_acc: int = 1
+    x_prefetch: int = 0
 
     def defines(self) -> tuple[tuple[str, int], ...]:
-        return ("MOE_L2_PREFETCH", self.l2), ("MOE_WARPS", self.warps), ("MOE_DUAL_ACC", self.dual_acc)
+        return ("MOE_L2_PREFETCH", self.l2), ("MOE_WARPS", self.warps), ("MOE_DUAL_ACC", self.dual_acc), \
+            ("MOE_X_PREFETCH", self.x_prefetch)  # fmt: skip
 
 
 _I, _L, _P = ctypes.c_int, ctypes.c_int64, ctypes.c_void_p

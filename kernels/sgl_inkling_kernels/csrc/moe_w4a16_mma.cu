@@ -150,6 +150,9 @@ __device__ __forceinline__ void bf16_pairs(const uint32_t* v, int j, uint32_t& e
 #ifndef MOE_DUAL_ACC
 #define MOE_DUAL_ACC 0
 #endif
+#ifndef MOE_X_PREFETCH  // one column tile: load the next chunk's activations while this one computes
+#define MOE_X_PREFETCH 0
+#endif
 
 // acc2: the odd k16 steps' accumulator when MOE_DUAL_ACC (two independent mma chains per chunk).
 template <bool FP4>
@@ -187,7 +190,7 @@ __device__ __forceinline__ void load_x(const __nv_bfloat16* row, bool ok, int ch
 template <bool FP4, int NT>
 __device__ __forceinline__ void compute_chunk(float (&acc)[NT][4], float (&acc2)[NT][4], const WChunk<FP4>& c,
                                               const __nv_bfloat16* const (&xrow)[NT], const bool (&xok)[NT],
-                                              int ch, int lane4) {
+                                              int ch, int lane4, const uint32_t (&xpre)[16]) {
   uint32_t sa0 = 0, sb0 = 0, sa1 = 0, sb1 = 0;  // row 0 / row 1 scales of blocks 2c, 2c + 1
   if constexpr (FP4) {
     scale_pairs(c.s[0], sa0, sb0);
@@ -196,7 +199,14 @@ __device__ __forceinline__ void compute_chunk(float (&acc)[NT][4], float (&acc2)
   if constexpr (NT <= 2) {
     uint32_t xv[NT][16];
 #pragma unroll
-    for (int i = 0; i < NT; ++i) load_x(xrow[i], xok[i], ch, lane4, xv[i]);
+    for (int i = 0; i < NT; ++i) {
+      if (MOE_X_PREFETCH && NT == 1) {
+#pragma unroll
+        for (int q = 0; q < 16; ++q) xv[i][q] = xpre[q];
+      } else {
+        load_x(xrow[i], xok[i], ch, lane4, xv[i]);
+      }
+    }
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
       uint32_t a[4];
@@ -268,7 +278,8 @@ struct Args {
 
 // One warp's 16-row tile of block blk: FP4 a routed block, else a BF16 sink block.
 template <bool FP4, int NT, bool UP, int DEPTH>
-__device__ __forceinline__ void tile(const Args& a, const Blocks& b, int blk, int rt, int warp, int g, int lane4) {
+__device__ __forceinline__ void tile(const Args& a, const Blocks& b, int blk, int rt, int warp, int g, int lane4,
+                                     float (*red)[NT * 4][32]) {
   constexpr int BM = 8 * NT;
   const bool sink = !FP4;
   const __nv_bfloat16* in = a.in;
@@ -323,6 +334,8 @@ __device__ __forceinline__ void tile(const Args& a, const Blocks& b, int blk, in
     const int ch = warp + kWarps * d;
     if (ch < n_chunks) load_chunk<FP4>(buf[d], r0, r1, sc0, sc1, ch, lane4);
   }
+  uint32_t xpre[16] = {};
+  if (MOE_X_PREFETCH && NT == 1 && warp < n_chunks) load_x(xrow[0], xok[0], warp, lane4, xpre);
   for (int i0 = 0; warp + kWarps * i0 < n_chunks; i0 += D) {
 #pragma unroll
     for (int d = 0; d < D; ++d) {
@@ -331,7 +344,11 @@ __device__ __forceinline__ void tile(const Args& a, const Blocks& b, int blk, in
         const WChunk<FP4> c = buf[d];
         const int nx = ch + kWarps * D;
         if (nx < n_chunks) load_chunk<FP4>(buf[d], r0, r1, sc0, sc1, nx, lane4);
-        compute_chunk<FP4, NT>(acc, acc2, c, xrow, xok, ch, lane4);
+        uint32_t xnext[16] = {};
+        if (MOE_X_PREFETCH && NT == 1 && ch + kWarps < n_chunks) load_x(xrow[0], xok[0], ch + kWarps, lane4, xnext);
+        compute_chunk<FP4, NT>(acc, acc2, c, xrow, xok, ch, lane4, xpre);
+#pragma unroll
+        for (int q = 0; q < 16; ++q) xpre[q] = xnext[q];
       }
     }
   }
@@ -342,7 +359,6 @@ __device__ __forceinline__ void tile(const Args& a, const Blocks& b, int blk, in
       for (int q = 0; q < 4; ++q) acc[i][q] += acc2[i][q];
   }
   // Sum the warps' partial products in a fixed order (deterministic); warp 0 writes the tile.
-  __shared__ float red[kWarps - 1][NT * 4][32];
   if (warp > 0) {
 #pragma unroll
     for (int i = 0; i < NT; ++i)
@@ -384,8 +400,9 @@ __global__ void __launch_bounds__(kWarps * 32) moe_w4a16_kernel(Args a, Blocks b
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int rt = blockIdx.x;  // 16-row tile
   const int blk = b.block_lo + blockIdx.y;
-  if (blk < b.n_sink_blocks) tile<false, NT, UP, DEPTH>(a, b, blk, rt, warp, lane >> 2, lane & 3);
-  else tile<true, NT, UP, DEPTH>(a, b, blk, rt, warp, lane >> 2, lane & 3);
+  __shared__ float red[kWarps - 1][NT * 4][32];  // the other warps' partial tiles
+  if (blk < b.n_sink_blocks) tile<false, NT, UP, DEPTH>(a, b, blk, rt, warp, lane >> 2, lane & 3, red);
+  else tile<true, NT, UP, DEPTH>(a, b, blk, rt, warp, lane >> 2, lane & 3, red);
 }
 
 // The C entry point (loaded with ctypes: no torch headers, so the build takes seconds and does not
