@@ -84,6 +84,7 @@ class OverlapDecodeMixin:
         p, self.pending = self.pending, None
         if p is None:
             return
+        self.step_reqs = [*self.step_reqs, *p.reqs]  # should committing fail, these fail with the step
         self.commit_tokens(p.reqs, p.result())
         self.running = [r for r in self.running if not r.finished]
 
