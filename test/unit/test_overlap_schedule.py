@@ -12,11 +12,14 @@ import re
 from dataclasses import dataclass, field
 
 import pytest
+import torch
 
 from sgl_inkling.chat.tokenizer import get_tokenizer
 from sgl_inkling.constrained.request_grammar import native_grammar
 from sgl_inkling.managers.io_struct import TokenizedGenerateReq
 from sgl_inkling.managers.scheduler import Scheduler
+from sgl_inkling.sampling.sampler import Sampler
+from sgl_inkling.sampling.sampling_batch_info import SamplingBatchInfo
 from sgl_inkling.sampling.sampling_params import SamplingParams
 from sgl_inkling.server_args import ServerArgs
 
@@ -307,3 +310,12 @@ def test_overlap_is_on_by_default_and_off_with_mtp(sched, tmp_path_factory):
         assert mtp.internal_state()["overlap_schedule"] is False
     finally:
         gen.close()
+
+
+def test_late_host_copy_reads_what_to_host_reads():
+    logits = torch.randn(2, 3000, generator=torch.Generator().manual_seed(0))
+    params = [SamplingParams(temperature=0.0), SamplingParams(temperature=0.7, top_k=20, seed=3)]
+    info = SamplingBatchInfo.from_params(params, logits.shape[1])
+    out = Sampler(seed=1).sample(logits, info, steps=[0, 0], top_logprobs_nums=[2, 4],
+                                 token_ids_logprobs=[[1, 2], None])  # fmt: skip
+    assert out.to_host_later()() == out.to_host()
