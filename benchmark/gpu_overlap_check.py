@@ -33,7 +33,8 @@ def engine_step_ms(args, work: Path) -> tuple[float, str]:
     """bench_one_batch at batch 1: the graph step on CUDA, the eager one on CPU."""
     out = work / "one_batch.json"
     cmd = [sys.executable, str(ROOT / "benchmark" / "bench_one_batch.py"), "--batch-size", "1",
-           "--input-len", str(args.input_len), "--decode-steps", "20", "--result-file", str(out)]  # fmt: skip
+           "--input-len", str(args.input_len), "--decode-steps", "20", "--prefill-repeats", "1",
+           "--result-file", str(out)]  # fmt: skip
     cmd += ["--config", "tiny", "--device", "cpu"] if args.smoke else ["--config", "slice", "--cuda-graph",
                                                                          "--fast-path", "kernels"]  # fmt: skip
     subprocess.run(cmd, check=True, cwd=ROOT)
@@ -47,7 +48,7 @@ def serve(args, work: Path, overlap: bool) -> dict:
     name = "overlap" if overlap else "sync"
     server = ["--device", "cpu"] if args.smoke else [
         "--model-path", "inkling-slice", "--max-running-requests", "8", "--cuda-graph-max-bs", "8",
-        "--max-total-tokens", str(4 * (args.input_len + args.output_len)), "--disable-radix-cache",
+        "--max-total-tokens", str(4 * (args.input_len + args.output_len)),
     ]  # fmt: skip
     if not overlap:
         server.append("--disable-overlap-schedule")
