@@ -9,7 +9,8 @@ An overlapped decode step n + 1, with step n's sampling still in flight (`self.p
    ids, lengths and stop strings, grammar matchers, finishing, the outbox;
 3. queue step n + 1's sampling for the requests still live. Penalties, seeds and grammar masks are
    built here from the committed history, so they are exactly the synchronous path's; a grammar's
-   mask is filled on the host while the forward runs.
+   mask is filled on the host while the forward runs (into the masker's reused pinned buffer: safe,
+   since the commit waited for an event queued after the previous mask's copy).
 The outbox of step n then goes to the detokenizer while the device still works on step n + 1.
 
 A request that finished at step n (a stop token, its length, a stop string, its grammar) has run
