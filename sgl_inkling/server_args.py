@@ -73,6 +73,7 @@ class ServerArgs:
     disable_radix_cache: bool = False
     sconv_checkpoint_interval: int | None = None  # None: DEFAULT_SCONV_CHECKPOINT_INTERVAL
     stream_interval: int = 1
+    disable_overlap_schedule: bool = False  # overlap: the host prepares decode step n+1 while the device runs n
     # Parallelism and kernels
     tp_size: int = 1
     dp_size: int = 1  # data-parallel replicas, each its own scheduler group with its own model and pools
@@ -180,6 +181,9 @@ class ServerArgs:
                        "pressure the cache thins these checkpoints before it evicts KV.")
         g.add_argument("--stream-interval", type=int, default=d.stream_interval,
                        help="Decode steps between streamed chunks.")
+        g.add_argument("--disable-overlap-schedule", action="store_true",
+                       help="Run every decode step synchronously. Default: plain decode steps overlap (the host "
+                            "builds and launches step n+1, then reads step n's tokens); MTP is always synchronous.")
 
         g = parser.add_argument_group("parallelism and kernels")
         g.add_argument("--tp-size", "--tp", "--tensor-parallel-size", dest="tp_size", type=int, default=d.tp_size,

@@ -13,17 +13,14 @@ from collections import deque
 import torch
 import zmq
 
-from sgl_inkling.constrained.scheduler_hooks import (
-    after_token,
-    apply_grammar_masks,
-    create_backend,
-    grammar_stats,
-)
+from sgl_inkling.constrained.scheduler_hooks import create_backend, grammar_stats
 from sgl_inkling.managers import io_struct as io
 from sgl_inkling.managers.schedule_batch import Req
 from sgl_inkling.managers.schedule_policy import SchedulePolicy
 from sgl_inkling.managers.scheduler_faults import FaultIsolationMixin
 from sgl_inkling.managers.scheduler_memory import size_pools
+from sgl_inkling.managers.scheduler_overlap import OverlapDecodeMixin
+from sgl_inkling.managers.scheduler_sampling import SamplingMixin
 from sgl_inkling.managers.scheduler_spec import SpecDecodeMixin
 from sgl_inkling.managers.watchdog import Watchdog, exit_on_hang
 from sgl_inkling.mem_cache.req_kv import ReqKVManager
@@ -33,12 +30,11 @@ from sgl_inkling.model_executor.model_runner import ModelRunner
 from sgl_inkling.model_executor.step_faults import model_step
 from sgl_inkling.multimodal.embed import extend_input_embeds
 from sgl_inkling.sampling.sampler import Sampler
-from sgl_inkling.sampling.sampling_batch_info import SamplingBatchInfo
 
 logger = logging.getLogger(__name__)
 
 
-class Scheduler(SpecDecodeMixin, FaultIsolationMixin):
+class Scheduler(OverlapDecodeMixin, SamplingMixin, SpecDecodeMixin, FaultIsolationMixin):
     def __init__(self, server_args, model_path: str, recv_addr: str, send_addr: str):
         self.args = server_args
         from sgl_inkling.chat.tokenizer import get_tokenizer
@@ -100,6 +96,7 @@ class Scheduler(SpecDecodeMixin, FaultIsolationMixin):
         self.num_finished = 0
         self.stream_interval = server_args.stream_interval
         self.watchdog = Watchdog(server_args.watchdog_timeout, exit_on_hang)
+        self.init_overlap(server_args)
 
         ctx = zmq.Context.instance()
         self.recv_sock = ctx.socket(zmq.PULL)
@@ -138,6 +135,7 @@ class Scheduler(SpecDecodeMixin, FaultIsolationMixin):
     def step(self) -> None:
         self.step_reqs, self.step_allocs = [], {}
         if (self.waiting or self.partial) and self.run_prefill():
+            self.commit_pending()  # the prefill read its tokens back, so the pending decode's are there
             return
         if self.running:
             self.run_decode()
@@ -180,6 +178,7 @@ class Scheduler(SpecDecodeMixin, FaultIsolationMixin):
             "num_retracted_reqs": self.num_retracted,
             "num_finished_reqs": self.num_finished,
             **grammar_stats(self.grammar),
+            **self.overlap_stats(),
             **(self.spec.stats() if self.spec is not None else {}),
         }
 
@@ -306,32 +305,6 @@ class Scheduler(SpecDecodeMixin, FaultIsolationMixin):
 
     # ---------------------------------------------------------------- decode
 
-    def run_decode(self) -> None:
-        if self.spec is not None:
-            self.run_spec_decode()
-            return
-        if not self.make_room(1):
-            return
-        reqs = self.step_reqs = list(self.running)
-        locs = [self.kv.alloc(r, 1) for r in reqs]
-        self.step_allocs = dict.fromkeys(reqs, 1)
-        fb = ForwardBatch.build(
-            ForwardMode.DECODE,
-            [[r.fill_ids[r.kv_len]] for r in reqs],
-            [r.row for r in reqs],
-            [r.kv_len for r in reqs],
-            [int(f) for f, _ in locs],
-            [int(s) for _, s in locs],
-            self.runner.device,
-        )
-        logits = self.runner.forward(fb).logits
-        self.step_allocs = {}
-        for r in reqs:
-            r.kv_len += 1
-            self.kv.release_window(r)
-        self.sample_and_advance(reqs, logits)
-        self.running = [r for r in self.running if not r.finished]
-
     def make_room(self, per_req: int) -> bool:
         """Retract until a step taking `per_req` new KV slots per running request fits. False when
         even a lone request does not fit: it is aborted and nothing runs this step."""
@@ -354,46 +327,7 @@ class Scheduler(SpecDecodeMixin, FaultIsolationMixin):
         self.waiting.appendleft(victim)
         logger.info("retracted request %s to free KV memory", victim.rid)
 
-    # ---------------------------------------------------------------- sampling and output
-
-    def sample_and_advance(self, reqs: list[Req], logits: torch.Tensor) -> None:
-        params = [r.sampling_params for r in reqs]
-        info = SamplingBatchInfo.from_params(
-            params,
-            logits.shape[-1],
-            logits.device,
-            prompt_token_ids=[r.origin_input_ids for r in reqs],
-            output_token_ids=[r.output_ids for r in reqs],
-            eos_token_ids=sorted(set().union(*(r.stop_token_ids for r in reqs))),
-        )
-        want_lp = any(r.return_logprob for r in reqs)
-        logits = logits.float().clone()
-        apply_grammar_masks(self.grammar, reqs, logits)  # forbidden tokens -> -inf
-        out = self.sampler.sample(
-            logits,
-            info,
-            steps=[len(r.output_ids) for r in reqs],
-            return_logprob=want_lp,
-            top_logprobs_nums=[r.top_logprobs_num if r.return_logprob else 0 for r in reqs]
-            if want_lp
-            else None,
-        ).to_host()
-        for i, req in enumerate(reqs):
-            tok = out.next_token_ids[i]
-            req.output_ids.append(tok)
-            req.new_tokens.append(tok)
-            if req.return_logprob:
-                req.new_logprobs.append((out.next_token_logprobs[i], tok))
-                if req.top_logprobs_num > 0:
-                    vals = out.top_logprobs_vals[i][: req.top_logprobs_num]
-                    ids = out.top_logprobs_ids[i][: req.top_logprobs_num]
-                    req.new_top_logprobs.append(list(zip(vals, ids)))
-            req.check_finished(self.tokenizer)
-            after_token(req, tok)
-            if req.finished:
-                self.finish(req, req.finished_reason)
-            else:
-                self.outbox.append(req)
+    # ---------------------------------------------------------------- output
 
     def finish(self, req: Req, reason: dict) -> None:
         req.finished_reason = reason

@@ -10,6 +10,8 @@ from dataclasses import dataclass
 
 import torch
 
+from sgl_inkling.sampling.host_copy import to_device
+
 
 class ReqToTokenPool:
     """Row per running request: position -> KV slot, one table per attention kind.
@@ -40,7 +42,9 @@ class ReqToTokenPool:
         host[row, start:end] = slots
         device = self.full if kind == "full" else self.swa
         if device is not host:
-            device[row, start:end] = host[row, start:end].to(device.device, non_blocking=True)
+            # Staged in pinned memory: a copy from pageable memory may wait for the stream (CUDA's
+            # API sync rules), i.e. for the forward in flight, every decode step, per request.
+            device[row, start:end] = to_device(host[row, start:end], torch.int64, device.device)
 
     def read(self, kind: str, row: int, start: int, end: int) -> torch.Tensor:
         """Slots of positions [start, end) of a row, from the host mirror (a view)."""

@@ -8,6 +8,8 @@ from typing import Any
 
 import torch
 
+from sgl_inkling.sampling.host_copy import to_device
+
 
 class ForwardMode(Enum):
     EXTEND = "extend"  # new tokens after a (possibly empty) cached prefix: prefill and chunked prefill
@@ -91,19 +93,25 @@ class ForwardBatch:
             acc += n
             logits_indices.extend(range(acc - k, acc))
 
-        def t(x: list[int]) -> torch.Tensor:
-            return torch.tensor(x, dtype=torch.int64, device=device)
-
+        # One staged copy for every field (torch.tensor(..., device="cuda") would wait for the device
+        # eight times; overlap scheduling builds step n + 1 while step n runs).
+        fields = [positions, req_pool_indices, prefix_lens, extend_lens, out_loc, out_loc_swa, logits_indices]
+        if not on_device:
+            fields.insert(0, [tok for seq in input_ids for tok in seq])
+        flat = to_device([x for f in fields for x in f], torch.int64, device)
+        views = list(flat.split([len(f) for f in fields]))
+        ids = input_ids.reshape(-1) if on_device else views.pop(0)
+        positions_t, rows, prefix_t, extend_t, out_t, out_swa_t, logits_t = views
         return cls(
             mode=mode,
-            input_ids=input_ids.reshape(-1) if on_device else t([tok for seq in input_ids for tok in seq]),
-            positions=t(positions),
-            req_pool_indices=t(req_pool_indices),
-            prefix_lens=t(prefix_lens),
-            extend_lens=t(extend_lens),
-            out_loc=t(out_loc),
-            out_loc_swa=t(out_loc_swa),
-            logits_indices=t(logits_indices),
+            input_ids=ids,
+            positions=positions_t,
+            req_pool_indices=rows,
+            prefix_lens=prefix_t,
+            extend_lens=extend_t,
+            out_loc=out_t,
+            out_loc_swa=out_swa_t,
+            logits_indices=logits_t,
             prefix_lens_cpu=list(prefix_lens),
             extend_lens_cpu=extend_lens,
         )

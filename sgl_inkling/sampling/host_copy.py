@@ -23,3 +23,28 @@ def to_device(values: Sequence | torch.Tensor, dtype: torch.dtype, device: torch
     if device.type != "cuda":
         return t.to(device)
     return t.pin_memory().to(device, non_blocking=True)
+
+
+class HostCopy:
+    """Device tensors copied into pinned host memory behind the work queued so far, without waiting:
+    wait() blocks until the copies (and so everything queued before them) are done, then gives the
+    host tensors. On the CPU the tensors are already there and nothing waits."""
+
+    def __init__(self, tensors: Sequence[torch.Tensor | None]):
+        self._done: torch.cuda.Event | None = None
+        self._host = [None if t is None else self._start(t) for t in tensors]
+        if self._done is not None:
+            self._done.record()
+
+    def _start(self, t: torch.Tensor) -> torch.Tensor:
+        if t.device.type != "cuda":
+            return t
+        host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+        host.copy_(t, non_blocking=True)
+        self._done = self._done or torch.cuda.Event()
+        return host
+
+    def wait(self) -> list[torch.Tensor | None]:
+        if self._done is not None:
+            self._done.synchronize()
+        return self._host

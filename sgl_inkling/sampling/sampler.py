@@ -28,12 +28,12 @@ the float32 minimum so that -inf never reaches JSON.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 
 import torch
 
-from .host_copy import to_device
+from .host_copy import HostCopy, to_device
 from .sampling_batch_info import SamplingBatchInfo
 
 _MASK64 = (1 << 64) - 1
@@ -67,6 +67,12 @@ class SampleOutput:
     token_ids_logprobs_flat: torch.Tensor | None = None
     token_ids_logprobs: list[list[int] | None] | None = None
 
+    def to_host_later(self) -> Callable[[], HostSampleOutput]:
+        """Start the copies to the host now; the returned call waits for them (overlap scheduling
+        reads step n's tokens after launching step n + 1)."""
+        copy = HostCopy([getattr(self, f) for f in _DEVICE_FIELDS])
+        return lambda: replace(self, **dict(zip(_DEVICE_FIELDS, copy.wait()))).to_host()
+
     def to_host(self) -> HostSampleOutput:
         out = HostSampleOutput(next_token_ids=self.next_token_ids.tolist())
         if self.next_token_logprobs is not None:
@@ -89,6 +95,10 @@ class SampleOutput:
                 out.token_ids_logprobs_ids.append(ids)
                 pos += len(ids)
         return out
+
+
+_DEVICE_FIELDS = ("next_token_ids", "next_token_logprobs", "top_logprobs_vals", "top_logprobs_ids",
+                  "token_ids_logprobs_flat")  # fmt: skip
 
 
 @dataclass

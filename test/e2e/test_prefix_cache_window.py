@@ -114,9 +114,12 @@ def test_follow_ups_under_memory_pressure_resume_at_their_turn_end(pressed, cold
     for o, p in zip(again, follow):
         assert_same(o, gen(cold, p, sampling_params=sp))
     after = pressed.wait_idle_baseline()
+    # A turn ends at its last token's position; overlapped, the step after it finished also fed that
+    # token (scheduler_overlap.py) unless memory was short and that step ran synchronously.
+    extra = (0, 1) if after["overlap_schedule"] else (0,)
     turn_ends = [len(p) + len(o["output_ids"]) - 1 for p, o in zip(firsts, outs)]
     got = [o["meta_info"]["cached_tokens"] for o in again]
-    misses = sum(g != e for g, e in zip(got, turn_ends))
+    misses = sum(g - e not in extra for g, e in zip(got, turn_ends))
     # A follow-up that does not resume at its turn's end lost that turn's KV (with its end-of-turn
     # checkpoint) to eviction, and the counters show it; checkpoints never ran out on their own.
     evicted = after["radix_evicted_end_checkpoints"] - before["radix_evicted_end_checkpoints"]

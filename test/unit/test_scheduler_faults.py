@@ -82,7 +82,7 @@ def test_failing_decode_returns_the_slots_of_the_failed_forward(sched, monkeypat
     submit(s, "d", random_prompt(25, seed=4), max_new_tokens=50)
     run_step(s)
     assert len(s.running) == 2
-    monkeypatch.setattr(s, "sample_and_advance", lambda *a: (_ for _ in ()).throw(ValueError("bad sampling")))
+    monkeypatch.setattr(s, "launch_sampling", lambda *a: (_ for _ in ()).throw(ValueError("bad sampling")))
     out = run_step(s)  # a bug after the forward: slots allocated and committed for both
     assert {r.rid for r in out} == {"c", "d"}
     assert all(r.finished_reason["status_code"] == 500 and "fault" not in r.finished_reason for r in out)

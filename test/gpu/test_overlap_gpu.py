@@ -1,0 +1,78 @@
+"""Overlap scheduling on CUDA (inkling-tiny, fp32, triton backend, CUDA graphs): an overlapped decode
+step waits for the device only where it reads the previous step's tokens (commit_pending); building
+and launching the next forward, its sampling and the start of its host copies run under
+torch.cuda.set_sync_debug_mode("error"). Outputs equal the synchronous path's."""
+
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+from sgl_inkling.managers.scheduler import Scheduler  # noqa: E402
+from sgl_inkling.server_args import ServerArgs  # noqa: E402
+from test.unit.helpers import random_prompt  # noqa: E402
+from test.unit.test_overlap_schedule import compare, drive, req  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def gpu_sched(tiny_path, tmp_path_factory):
+    args = ServerArgs(model_path=str(tiny_path), device="cuda", dtype="float32", cuda_graph_max_bs=4,
+                      max_total_tokens=8192)
+    args.check()
+    d = tmp_path_factory.mktemp("zmq")
+    s = Scheduler(args, str(tiny_path), f"ipc://{d}/in", f"ipc://{d}/out")
+    yield s
+    s.recv_sock.close(0)
+    s.send_sock.close(0)
+
+
+@contextlib.contextmanager
+def sync_is_error():
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        yield
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+
+
+def test_overlapped_decode_steps_do_not_sync_outside_the_commit(gpu_sched, monkeypatch):
+    s = gpu_sched
+    assert s.overlap and s.runner.graphs is not None
+    for i in range(3):
+        s.handle(req(f"n{i}", random_prompt(20 + i, seed=900 + i), max_new_tokens=12, logprobs=2 if i else None))
+    while s.waiting:
+        s.step()  # prefill (reads its first tokens back)
+    s.step()  # a first overlapped step: warm-up of the pinned pool and the sampling kernels
+    real = s.commit_pending
+
+    def commit_allowed_to_wait() -> None:
+        torch.cuda.set_sync_debug_mode(0)
+        try:
+            real()
+        finally:
+            torch.cuda.set_sync_debug_mode("error")
+
+    monkeypatch.setattr(s, "commit_pending", commit_allowed_to_wait)
+    with sync_is_error():
+        for _ in range(4):
+            s.run_decode()
+    assert s.pending is not None
+    monkeypatch.undo()
+    while s.running:
+        s.step()
+    s.outbox.clear()
+
+
+def test_overlap_equals_sync_on_cuda(gpu_sched):
+    s = gpu_sched
+    script = {
+        0: [req("a", random_prompt(30, seed=1), max_new_tokens=10, logprobs=3),
+            req("b", random_prompt(12, seed=2), max_new_tokens=4)],
+        2: [req("c", random_prompt(18, seed=3), max_new_tokens=7, temperature=0.7, seed=4)],
+    }  # fmt: skip
+    compare(drive(s, False, script), drive(s, True, script))
