@@ -15,6 +15,7 @@ routing with the dequantized experts (which also checks that the two agree).
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import json
 import statistics
 import sys
@@ -231,6 +232,7 @@ def main() -> None:
     commit, dirty = git_commit()
     doc = {
         "benchmark": "bench_moe_nvfp4",
+        "timestamp": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "config": {"hidden": h, "inter": i, "experts": n_exp, "top_k": k, "sinks": n_s, "calls_per_graph": args.calls,
                    "replays": args.replays, "dtype": "bfloat16", "peak_tb_s": PEAK_TBS},
         "gpu": torch.cuda.get_device_name(),

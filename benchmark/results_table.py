@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-KINDS = ("bench_one_batch", "bench_peer", "bench_serving")
+KINDS = ("bench_one_batch", "bench_peer", "bench_serving", "bench_moe_nvfp4")
 START, END = "<!-- bench-results:start -->", "<!-- bench-results:end -->"
 
 
@@ -36,7 +36,7 @@ def load(paths: list[Path], include_cpu: bool) -> dict[tuple[str, str], dict]:
             d = json.loads(f.read_text())
         except (OSError, ValueError):
             continue
-        if not isinstance(d, dict) or d.get("benchmark") not in KINDS or not d.get("runs"):
+        if not isinstance(d, dict) or d.get("benchmark") not in KINDS or not (d.get("runs") or d.get("results")):
             continue
         if not include_cpu and not d.get("gpu"):
             continue
@@ -45,7 +45,7 @@ def load(paths: list[Path], include_cpu: bool) -> dict[tuple[str, str], dict]:
     for (kind, cfg), ds in found.items():
         ds.sort(key=lambda d: d.get("timestamp", ""))
         out = dict(ds[-1])
-        if kind != "bench_serving":
+        if kind not in ("bench_serving", "bench_moe_nvfp4"):
             runs = {run_key(kind, r): r for d in ds for r in d["runs"]}  # newer files overwrite older
             out["runs"] = list(runs.values())
             out["sources"] = [d.get("timestamp") for d in ds]
@@ -58,6 +58,9 @@ def load(paths: list[Path], include_cpu: bool) -> dict[tuple[str, str], dict]:
 
 
 def config_of(d: dict) -> str:
+    if d.get("benchmark") == "bench_moe_nvfp4":
+        c = d["config"]
+        return f"H {c['hidden']}, I {c['inter']}, {c['experts']} experts, top-{c['top_k']}, {c['sinks']} sinks"
     if "config" in d:
         return d["config"]
     return str(d.get("server_args", {}).get("served_model_name") or "?")
@@ -189,6 +192,30 @@ def serving_table(d: dict) -> str:
             + table(header, rows))  # fmt: skip
 
 
+def moe_table(d: dict) -> str:
+    """The fused NVFP4 MoE alone: the default dispatch against 4.3 TB/s and the measured read ceiling,
+    with the row-block GEMV path (the previous decode default) where the run timed it."""
+    ceiling = d.get("bf16_linear_read_tb_s")
+    rows = []
+    for r in d["results"]:
+        ok = [v for v in r["variants"] if "ms" in v]
+        dflt = next((v for v in ok if v["tiles"].get("path") == "default dispatch"), None)
+        gemv = min((v for v in ok if v["tiles"].get("path") == "gemv"), key=lambda v: v["ms"], default=None)
+        if dflt is None:
+            continue
+        rows.append([
+            str(r["batch_size"]), f(r["distinct_experts_per_call"], ".1f"), f(r["bytes_routed_plus_sinks"] / 1e6, ".0f"),
+            f(dflt["ms"] * 1e3, ".1f"), f(dflt["tb_s"]), f(dflt["fraction_of_4.3"], ".0%"),
+            f(dflt["tb_s"] / ceiling, ".0%") if ceiling else "-", f(dflt["routed_only_tb_s"]), f(dflt["sinks_only_tb_s"]),
+            f(gemv["tb_s"]) if gemv else "-",
+        ])  # fmt: skip
+    header = ["batch", "experts hit", "MB", "us", "TB/s", "of 4.3", "of read ceiling", "routed alone TB/s",
+              "sinks alone TB/s", "GEMV path TB/s"]  # fmt: skip
+    return (f"Fused NVFP4 MoE (routed W4A16 + BF16 sinks), {config_of(d)}, CUDA graphs; read ceiling = a "
+            f"batch-1 BF16 linear over 1 GiB, {f(ceiling)} TB/s in the same run. (source: {source(d)})\n\n"
+            + table(header, rows))  # fmt: skip
+
+
 def render(results: dict[tuple[str, str], dict]) -> str:
     parts = []
     for (kind, cfg), d in sorted(results.items()):
@@ -200,6 +227,8 @@ def render(results: dict[tuple[str, str], dict]) -> str:
                 parts.append(adaptive_table(d))
         elif kind == "bench_peer":
             parts.append(peer_table(results.get(("bench_one_batch", cfg)), d))
+        elif kind == "bench_moe_nvfp4":
+            parts.append(moe_table(d))
         else:
             parts.append(serving_table(d))
     return "\n\n".join(parts) + "\n"
