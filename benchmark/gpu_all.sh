@@ -1,36 +1,39 @@
 #!/usr/bin/env bash
-# The GPU figures of issues 15, 16, 19 and 20 on one H200 in one call from the project root (at most
-# 10 minutes; each stage has its own limit so one hang cannot eat the rest):
-#   1. the fused decode kernels' GPU tests and test/gpu/test_kernel_warmup.py (no compile after warm-up),
-#   2. bench_one_batch on inkling-slice, CUDA graphs, batch 1 and 64: NVFP4 routed experts (with the MTP
-#      tables: forced acceptance 2.5 / 4.5, and fixed k = 1..8 vs adaptive under the public per-depth
-#      curve at batch 1, 8, 64) and BF16 experts,
-#   3. the NVFP4 slice served through sglang.Engine (CUDA graphs, greedy repeat identical),
-#   4. bench_prefix_cache on the slice (exact resume, shared prefix, TTFT cold vs cached, follow-ups),
-#   5. profile_decode --compare at batch 1 (8K context): every kernel of a step, unfused then fused.
-# JSON goes to $OUT, the stage logs to $OUT/logs.tgz. The machine has no .git: pass GIT_COMMIT=<sha>.
+# The GPU figures of issues 15, 19 and 20 on one H200 in one call from the project root (under 10
+# minutes; each stage has its own limit so one hang cannot eat the rest):
+#   1. GPU tests: the CUDA NVFP4 decode kernels against the reference, the fused decode kernels, no
+#      Triton compile after warm-up, the overlapped decode step without host syncs,
+#   2. bench_moe_nvfp4 at inkling-slice width: the default dispatch (CUDA kernels) beside the row-block
+#      GEMV path they replace and two build variants, batch 1, 8 and 64,
+#   3. bench_one_batch on inkling-slice with NVFP4 experts, CUDA graphs, batch 1 and 64 (per-layer floor),
+#   4. the same with MTP: forced acceptance 2.5 / 4.5, and fixed k = 1..8 against adaptive under the
+#      public per-depth curve at batch 1, 8, 64,
+#   5. the NVFP4 slice served through sglang.Engine (CUDA graphs, greedy repeat identical),
+#   6. the overlap scheduler: HTTP TPOT at concurrency 1 with and without it, beside the graph step.
+# JSON goes to $OUT, the stage logs to $OUT/logs.tgz (at most 8 files come back). The machine has no
+# .git of this commit: pass GIT_COMMIT=<sha>.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 . benchmark/gpu_stage.sh
-LOGS="${LOGS:-/tmp/gpu_all_logs}"  # $OUT brings back at most 8 files: the logs come back as one archive
+LOGS="${LOGS:-/tmp/gpu_all_logs}"
 gpu_begin gpu_all
+export PYTHONUNBUFFERED=1
 
-stage tests 90 "$PY" -m pytest -q -x -p no:cacheprovider test/kernels/test_qkvr_epilogue.py \
-  test/kernels/test_sconv_norm.py test/gpu/test_kernel_warmup.py
-COMMON=(--config slice --batch-size 1 64 --input-len 1024 --decode-steps 10 --prefill-repeats 1 --fast-path kernels
-  --cuda-graph)
-stage bench_nvfp4 120 "$PY" benchmark/bench_one_batch.py "${COMMON[@]}" --quantization modelopt_fp4 \
+stage tests 80 "$PY" -m pytest -q -x -p no:cacheprovider test/kernels/test_fused_moe_nvfp4.py -k "cuda or blas" \
+  test/kernels/test_qkvr_epilogue.py test/kernels/test_sconv_norm.py test/gpu/test_kernel_warmup.py \
+  test/gpu/test_overlap_gpu.py
+stage bench_moe 70 "$PY" benchmark/bench_moe_nvfp4.py --no-bf16 --replays 10 --batch-sizes 1 8 64 \
+  --tiles default "g:1,32,64,16,8,2,0@1" "g:2,32,64,8,8,4,0@8,64" "c:1,2,8,256,4,1,1" "c:1,4,8,256,8,1" \
+  --result-file "$OUT/bench_moe_nvfp4_inkling-slice.json"
+COMMON=(--config slice --input-len 1024 --decode-steps 10 --prefill-repeats 1 --fast-path kernels --cuda-graph
+  --quantization modelopt_fp4)
+stage bench_nvfp4 70 "$PY" benchmark/bench_one_batch.py "${COMMON[@]}" --batch-size 1 64 \
   --result-file "$OUT/bench_one_batch_nvfp4_inkling-slice.json"
-stage bench_nvfp4_mtp 170 "$PY" benchmark/bench_one_batch.py --config slice --batch-size 1 8 64 --input-len 1024 \
-  --decode-steps 10 --prefill-repeats 1 --fast-path kernels --cuda-graph --quantization modelopt_fp4 --mtp \
+stage bench_nvfp4_mtp 170 "$PY" benchmark/bench_one_batch.py "${COMMON[@]}" --batch-size 1 8 64 --mtp \
   --mtp-accept 2.5 4.5 --result-file "$OUT/bench_one_batch_mtp_nvfp4_inkling-slice.json"
-stage bench_bf16 60 "$PY" benchmark/bench_one_batch.py "${COMMON[@]}" \
-  --result-file "$OUT/bench_one_batch_bf16_inkling-slice.json"
-stage serve_nvfp4 60 "$PY" benchmark/gpu_nvfp4_serve_check.py "$OUT/gpu_nvfp4_serve_check.json"
-stage prefix_cache 120 "$PY" benchmark/bench_prefix_cache.py --config slice --device cuda \
-  --out "$OUT/prefix_cache_inkling-slice.json"
-stage profile_decode_bs1 60 "$PY" benchmark/profile_decode.py --batch-size 1 --input-len 8192 --compare \
-  --out "$OUT/profile_decode_compare_bs1.json"
+stage serve_nvfp4 50 "$PY" benchmark/gpu_nvfp4_serve_check.py "$OUT/gpu_nvfp4_serve_check.json"
+# The last stage gets what is left of the call's budget (BUDGET_S seconds in all).
+stage overlap "$((${BUDGET_S:-575} - (SECONDS - START)))" "$PY" benchmark/gpu_overlap_check.py "$OUT/gpu_overlap_check.json"
 tar -czf "$OUT/logs.tgz" -C "$LOGS" .
 echo "== done ($((SECONDS - START)) s)"
 exit $status
