@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import datetime as dt
 import gc
 import json
@@ -31,6 +32,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "kernels")]
 
+from benchmark.moe_build import apply as apply_moe_build  # noqa: E402
 from sgl_inkling.model_executor.cuda_graph_runner import capture_forward  # noqa: E402
 from sgl_inkling.model_executor.forward_batch import ForwardBatch, ForwardMode  # noqa: E402
 from sgl_inkling.model_executor.model_loader import build_model, with_expert_quant  # noqa: E402
@@ -446,9 +448,12 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--load-format", choices=("dummy",), default="dummy")
     p.add_argument("--quantization", choices=NVFP4_METHODS, default=None,
                    help="routed experts in NVFP4 (random codes and scales; W4A16 kernel on CUDA); default BF16")
+    p.add_argument("--moe-build", default="", help="benchmark only: the CUDA NVFP4 MoE build choices, "
+                   "'field=value,...' (benchmark/moe_build.py); default: the shipped one")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--result-file", type=Path, default=None)
     args = p.parse_args(argv)
+    moe_build = dataclasses.asdict(apply_moe_build(args.moe_build))
     device = torch.device(args.device)
     cuda = device.type == "cuda"
     dtype = getattr(torch, args.dtype or ("bfloat16" if cuda else "float32"))
@@ -498,6 +503,7 @@ def main(argv: list[str] | None = None) -> dict:
         "cuda_graph": bool(args.cuda_graph),
         "load_format": args.load_format,
         "routed_experts": expert_quant or str(dtype).removeprefix("torch."),
+        "moe_cuda_build": moe_build if expert_quant else None,
         "bandwidth_bytes_per_s": HBM_BYTES_PER_S,
         "decode_steps": args.decode_steps,
         "warmup_steps": args.warmup_steps,

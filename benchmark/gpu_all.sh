@@ -4,7 +4,7 @@
 #   1. GPU tests: the CUDA NVFP4 decode kernels against the reference, the fused decode kernels, no
 #      Triton compile after warm-up, the overlapped decode step without host syncs,
 #   2. bench_moe_nvfp4 at inkling-slice width: the default dispatch (CUDA kernels) beside the row-block
-#      GEMV path they replace and two build variants, batch 1, 8 and 64,
+#      GEMV path they replace and four build variants, batch 1, 8 and 64; decode below uses the fastest,
 #   3. bench_one_batch on inkling-slice with NVFP4 experts, CUDA graphs, batch 1 and 64 (per-layer floor),
 #   4. the same with MTP: forced acceptance 2.5 / 4.5, and fixed k = 1..8 against adaptive under the
 #      public per-depth curve at batch 1, 8, 64,
@@ -23,10 +23,14 @@ stage tests 80 "$PY" -m pytest -q -x -p no:cacheprovider test/kernels/test_fused
   test/kernels/test_qkvr_epilogue.py test/kernels/test_sconv_norm.py test/gpu/test_kernel_warmup.py \
   test/gpu/test_overlap_gpu.py
 stage bench_moe 70 "$PY" benchmark/bench_moe_nvfp4.py --no-bf16 --replays 10 --batch-sizes 1 8 64 \
-  --tiles default "g:1,32,64,16,8,2,0@1" "g:2,32,64,8,8,4,0@8,64" "c:1,2,8,256,4,1,1" "c:1,4,8,256,8,1" \
+  --tiles default "g:1,32,64,16,8,2,0@1" "g:2,32,64,8,8,4,0@8,64" "c:1,4,8,256,4,1,0,8,1" "c:1,4,8,256,4,1,0,8,0" \
+  "c:1,2,8,256,4,1,1" "c:1,2,8,256,8,1,1" \
   --result-file "$OUT/bench_moe_nvfp4_inkling-slice.json"
+# Decode is timed with the build the sweep found fastest (moe_build.py --pick; "" is the shipped default).
+MOE_BUILD=$("$PY" benchmark/moe_build.py --pick "$OUT/bench_moe_nvfp4_inkling-slice.json" 2>/dev/null)
+echo "== MoE build for decode: '${MOE_BUILD}'" | tee -a "$OUT/gpu.txt"
 COMMON=(--config slice --input-len 1024 --decode-steps 10 --prefill-repeats 1 --fast-path kernels --cuda-graph
-  --quantization modelopt_fp4)
+  --quantization modelopt_fp4 --moe-build "$MOE_BUILD")
 stage bench_nvfp4 70 "$PY" benchmark/bench_one_batch.py "${COMMON[@]}" --batch-size 1 64 \
   --result-file "$OUT/bench_one_batch_nvfp4_inkling-slice.json"
 stage bench_nvfp4_mtp 170 "$PY" benchmark/bench_one_batch.py "${COMMON[@]}" --batch-size 1 8 64 --mtp \

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -35,7 +35,10 @@ class CudaTiles:
     the same launches (one block of at most 64 tokens per sink), larger ones go to cuBLAS. Build
     choices (one library per combination): l2, the L2 prefetch span of the weight loads in bytes
     (0, 128 or 256); warps per CTA (they split K); dual_acc, two mma chains per chunk; x_prefetch,
-    the next chunk's activations loaded while one computes (one column tile)."""
+    the next chunk's activations loaded while one computes (one column tile); cp_async, stages of a
+    shared-memory ring for the code stream instead of registers (0: registers, depth applies);
+    split_sinks, sink and routed blocks in separate launches (each kernel with only its path's
+    registers)."""
 
     nt: int = 1
     depth: int = 4
@@ -44,11 +47,16 @@ class CudaTiles:
     warps: int = 4
     dual_acc: int = 1
     x_prefetch: int = 0
+    cp_async: int = 0
+    split_sinks: int = 0
 
     def defines(self) -> tuple[tuple[str, int], ...]:
-        return ("MOE_L2_PREFETCH", self.l2), ("MOE_WARPS", self.warps), ("MOE_DUAL_ACC", self.dual_acc), \
-            ("MOE_X_PREFETCH", self.x_prefetch)  # fmt: skip
+        names = ("MOE_L2_PREFETCH", "MOE_WARPS", "MOE_DUAL_ACC", "MOE_X_PREFETCH", "MOE_CP_ASYNC", "MOE_SPLIT_SINKS")
+        values = (self.l2, self.warps, self.dual_acc, self.x_prefetch, self.cp_async, self.split_sinks)
+        return tuple(zip(names, values))
 
+
+BUILD = CudaTiles()  # the depth, sink and build choices of the default tiles (nt comes from the batch)
 
 _I, _L, _P = ctypes.c_int, ctypes.c_int64, ctypes.c_void_p
 _ARGS = [_I] * 5 + [_P, _L, _P, _L, _L, _P, _L, _L, _P, _P, _L, _L, _P, _P, _P, _P, _L, _P, _L, _P, _L, _L] + [_I] * 6 + [_P]
@@ -94,17 +102,12 @@ def usable(x: torch.Tensor, hidden: int, inter: int) -> bool:
         and _has_bf16_mma(x.device)  # fmt: skip
 
 
-def build() -> None:
-    """Compile now (start-up warm-up) instead of inside the first request."""
-    _library()
-
-
 def default_cuda_tiles(n_pairs: int, n_exp: int) -> CudaTiles:
     """Columns per block from the mean pairs per expert (blocks padded to 8 * nt cost MMA work and
     activation loads, never weight bytes, which each block reads once)."""
     mean = n_pairs / max(n_exp, 1)  # H200, inkling-slice: nt 1 is best up to a mean of 6, nt 4 at 24
     nt = 1 if mean <= 8 else 2 if mean <= 16 else 4 if mean <= 40 else 8
-    return CudaTiles(nt=nt)
+    return replace(BUILD, nt=nt)
 
 
 def sink_nt(t: int) -> int:

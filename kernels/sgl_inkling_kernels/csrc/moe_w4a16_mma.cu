@@ -115,6 +115,33 @@ __device__ __forceinline__ uint4 ldg(const void* p) {
   return v;
 }
 
+#ifndef MOE_CP_ASYNC  // stages of a per-warp shared-memory ring for the NVFP4 code stream (0: registers)
+#define MOE_CP_ASYNC 0
+#endif
+
+__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
+  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+#if MOE_L2_PREFETCH == 256
+  asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16;" ::"r"(d), "l"(src));
+#elif MOE_L2_PREFETCH == 128
+  asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16;" ::"r"(d), "l"(src));
+#else
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d), "l"(src));
+#endif
+}
+
+__device__ __forceinline__ void cp_async4(void* dst, const void* src) {
+  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(d), "l"(src));
+}
+
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;"); }
+
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(N));
+}
+
 // One chunk's weight registers: FP4 two 16-byte code segments + four scale bytes; BF16 eight loads.
 template <bool FP4>
 struct WChunk {
@@ -326,8 +353,47 @@ __device__ __forceinline__ void tile(const Args& a, const Blocks& b, int blk, in
   // runs instead of 64-byte pieces at different times. Each warp keeps DEPTH of its chunks in flight:
   // while one computes, the loads of the next DEPTH are issued (a BF16 chunk is 4x the bytes and
   // registers of an NVFP4 one: one is in flight).
-  constexpr int D = FP4 ? DEPTH : 1;
   const int n_chunks = K / kChunk;
+  if constexpr (FP4 && MOE_CP_ASYNC > 0) {
+    // The same chunk order through a per-warp ring of S shared-memory stages filled by cp.async:
+    // S - 1 chunks in flight for the cost of one chunk's registers. A lane reads back its own code
+    // segments; the scales come in 4-byte copies by even lanes (two lanes' pairs), hence the
+    // __syncwarp after each wait and before a stage is refilled.
+    constexpr int S = MOE_CP_ASYNC > 2 ? MOE_CP_ASYNC : 2;  // at least 2 (one stage filling, one read)
+    __shared__ uint4 ring[kWarps][S][2][32];
+    __shared__ uint32_t sring[kWarps][S][2][16];
+    const int sw = g * 2 + (lane4 >> 1);
+    auto issue = [&](int ch, int st) {
+      if (ch < n_chunks) {
+        cp_async16(&ring[warp][st][0][g * 4 + lane4], r0 + ch * 64 + lane4 * 16);
+        cp_async16(&ring[warp][st][1][g * 4 + lane4], r1 + ch * 64 + lane4 * 16);
+        if ((lane4 & 1) == 0) {
+          cp_async4(&sring[warp][st][0][sw], sc0 + ch * 8 + lane4 * 2);
+          cp_async4(&sring[warp][st][1][sw], sc1 + ch * 8 + lane4 * 2);
+        }
+      }
+      cp_async_commit();
+    };
+#pragma unroll
+    for (int st = 0; st < S - 1; ++st) issue(warp + kWarps * st, st);
+    uint32_t xnone[16] = {};
+    for (int i = 0; warp + kWarps * i < n_chunks; ++i) {
+      const int ch = warp + kWarps * i, st = i % S;
+      cp_async_wait<S - 2>();
+      __syncwarp();
+      WChunk<true> c;
+      c.w[0] = ring[warp][st][0][g * 4 + lane4];
+      c.w[1] = ring[warp][st][1][g * 4 + lane4];
+      const int sh = (lane4 & 1) * 16;
+      c.s[0] = static_cast<uint16_t>(sring[warp][st][0][sw] >> sh);
+      c.s[1] = static_cast<uint16_t>(sring[warp][st][1][sw] >> sh);
+      __syncwarp();
+      issue(ch + kWarps * (S - 1), (i + S - 1) % S);
+      compute_chunk<true, NT>(acc, acc2, c, xrow, xok, ch, lane4, xnone);
+    }
+    cp_async_wait<0>();
+  } else {
+  constexpr int D = FP4 ? DEPTH : 1;
   WChunk<FP4> buf[D];
 #pragma unroll
   for (int d = 0; d < D; ++d) {
@@ -351,6 +417,7 @@ __device__ __forceinline__ void tile(const Args& a, const Blocks& b, int blk, in
         for (int q = 0; q < 16; ++q) xpre[q] = xnext[q];
       }
     }
+  }
   }
   if (MOE_DUAL_ACC) {
 #pragma unroll
@@ -394,27 +461,56 @@ __device__ __forceinline__ void tile(const Args& a, const Blocks& b, int blk, in
   }
 }
 
-// Sink blocks (BF16) come first in the grid: they are the heaviest, the routed ones fill in behind.
-template <int NT, bool UP, int DEPTH>
+#ifndef MOE_SPLIT_SINKS  // sink and routed blocks in separate launches, each kernel with only its path
+#define MOE_SPLIT_SINKS 0
+#endif
+
+// PATHS 0: sink blocks (BF16) first in the grid, the heaviest, and the routed ones fill in behind; the
+// kernel holds both paths (its registers are the larger path's). 1: routed only, 2: sinks only.
+template <int NT, bool UP, int DEPTH, int PATHS>
 __global__ void __launch_bounds__(kWarps * 32) moe_w4a16_kernel(Args a, Blocks b) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int rt = blockIdx.x;  // 16-row tile
   const int blk = b.block_lo + blockIdx.y;
   __shared__ float red[kWarps - 1][NT * 4][32];  // the other warps' partial tiles
-  if (blk < b.n_sink_blocks) tile<false, NT, UP, DEPTH>(a, b, blk, rt, warp, lane >> 2, lane & 3, red);
-  else tile<true, NT, UP, DEPTH>(a, b, blk, rt, warp, lane >> 2, lane & 3, red);
+  if constexpr (PATHS == 1) {
+    tile<true, NT, UP, DEPTH>(a, b, blk, rt, warp, lane >> 2, lane & 3, red);
+  } else if constexpr (PATHS == 2) {
+    tile<false, NT, UP, DEPTH>(a, b, blk, rt, warp, lane >> 2, lane & 3, red);
+  } else {
+    if (blk < b.n_sink_blocks) tile<false, NT, UP, DEPTH>(a, b, blk, rt, warp, lane >> 2, lane & 3, red);
+    else tile<true, NT, UP, DEPTH>(a, b, blk, rt, warp, lane >> 2, lane & 3, red);
+  }
+}
+
+template <int NT, bool UP, int DEPTH, int PATHS>
+cudaError_t launch_range(int lo, int hi, const Args& a, Blocks b, cudaStream_t stream) {
+  if (hi <= lo) return cudaSuccess;
+  b.block_lo = lo;
+  moe_w4a16_kernel<NT, UP, DEPTH, PATHS><<<dim3(a.n_rows / 16, hi - lo), kWarps * 32, 0, stream>>>(a, b);
+  return cudaGetLastError();
+}
+
+template <int NT, bool UP, int DEPTH>
+cudaError_t launch_depth(int n_blocks, const Args& a, const Blocks& b, cudaStream_t stream) {
+  const int lo = b.block_lo, hi = b.block_lo + n_blocks;
+  if constexpr (!MOE_SPLIT_SINKS) {
+    return launch_range<NT, UP, DEPTH, 0>(lo, hi, a, b, stream);
+  } else {
+    const int mid = hi < b.n_sink_blocks ? hi : (lo > b.n_sink_blocks ? lo : b.n_sink_blocks);
+    const cudaError_t e = launch_range<NT, UP, DEPTH, 2>(lo, mid, a, b, stream);
+    return e != cudaSuccess ? e : launch_range<NT, UP, DEPTH, 1>(mid, hi, a, b, stream);
+  }
 }
 
 // The C entry point (loaded with ctypes: no torch headers, so the build takes seconds and does not
 // depend on torch's C++ ABI). The caller checks dtypes, shapes and alignment.
 template <int NT, bool UP>
 cudaError_t launch_one(int n_blocks, int depth, const Args& a, const Blocks& b, cudaStream_t stream) {
-  const dim3 grid(a.n_rows / 16, n_blocks);
-  if (depth == 8) moe_w4a16_kernel<NT, UP, 8><<<grid, kWarps * 32, 0, stream>>>(a, b);
-  else if (depth == 4) moe_w4a16_kernel<NT, UP, 4><<<grid, kWarps * 32, 0, stream>>>(a, b);
-  else if (depth == 2) moe_w4a16_kernel<NT, UP, 2><<<grid, kWarps * 32, 0, stream>>>(a, b);
-  else return cudaErrorInvalidValue;
-  return cudaGetLastError();
+  if (depth == 8) return launch_depth<NT, UP, 8>(n_blocks, a, b, stream);
+  if (depth == 4) return launch_depth<NT, UP, 4>(n_blocks, a, b, stream);
+  if (depth == 2) return launch_depth<NT, UP, 2>(n_blocks, a, b, stream);
+  return cudaErrorInvalidValue;
 }
 
 template <bool UP>
