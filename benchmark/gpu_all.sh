@@ -19,10 +19,10 @@ LOGS="${LOGS:-/tmp/gpu_all_logs}"
 gpu_begin gpu_all
 export PYTHONUNBUFFERED=1
 
-stage tests 80 "$PY" -m pytest -q -x -p no:cacheprovider test/kernels/test_fused_moe_nvfp4.py -k "cuda or blas" \
+stage tests 120 "$PY" -m pytest -q -x -p no:cacheprovider test/kernels/test_fused_moe_nvfp4.py -k "cuda or blas" \
   test/kernels/test_qkvr_epilogue.py test/kernels/test_sconv_norm.py test/gpu/test_kernel_warmup.py \
   test/gpu/test_overlap_gpu.py
-stage bench_moe 70 "$PY" benchmark/bench_moe_nvfp4.py --no-bf16 --replays 10 --batch-sizes 1 8 64 \
+stage bench_moe 90 "$PY" benchmark/bench_moe_nvfp4.py --no-bf16 --replays 10 --batch-sizes 1 8 64 \
   --tiles default "g:1,32,64,16,8,2,0@1" "g:2,32,64,8,8,4,0@8,64" "c:1,4,8,256,4,1,0,8,1" "c:1,4,8,256,4,1,0,8,0" \
   "c:1,2,8,256,4,1,1" "c:1,2,8,256,8,1,1" \
   --result-file "$OUT/bench_moe_nvfp4_inkling-slice.json"
