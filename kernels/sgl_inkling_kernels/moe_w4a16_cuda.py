@@ -50,6 +50,10 @@ class CudaTiles:
     cp_async: int = 0
     split_sinks: int = 0
 
+    def __post_init__(self):
+        if self.x_prefetch and self.cp_async:
+            raise ValueError("CudaTiles: x_prefetch is for the register ring, not with cp_async")
+
     def defines(self) -> tuple[tuple[str, int], ...]:
         names = ("MOE_L2_PREFETCH", "MOE_WARPS", "MOE_DUAL_ACC", "MOE_X_PREFETCH", "MOE_CP_ASYNC", "MOE_SPLIT_SINKS")
         values = (self.l2, self.warps, self.dual_acc, self.x_prefetch, self.cp_async, self.split_sinks)

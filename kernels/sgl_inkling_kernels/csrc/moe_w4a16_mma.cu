@@ -180,6 +180,7 @@ __device__ __forceinline__ void bf16_pairs(const uint32_t* v, int j, uint32_t& e
 #ifndef MOE_X_PREFETCH  // one column tile: load the next chunk's activations while this one computes
 #define MOE_X_PREFETCH 0
 #endif
+static_assert(!(MOE_X_PREFETCH && MOE_CP_ASYNC), "the activation prefetch is for the register ring only");
 
 // acc2: the odd k16 steps' accumulator when MOE_DUAL_ACC (two independent mma chains per chunk).
 template <bool FP4>
