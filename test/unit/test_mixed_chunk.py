@@ -21,8 +21,8 @@ CHUNK = 64  # tokens per step: prompts of a few hundred tokens take several chun
 
 
 def make_scheduler(tiny_path, tmp_path_factory, mixed: bool, **kw) -> Scheduler:
-    args = ServerArgs(model_path=str(tiny_path), device="cpu", chunked_prefill_size=CHUNK,
-                      max_prefill_tokens=CHUNK, enable_mixed_chunk=mixed, **kw)  # fmt: skip
+    args = ServerArgs(model_path=str(tiny_path), chunked_prefill_size=CHUNK,
+                      max_prefill_tokens=CHUNK, enable_mixed_chunk=mixed, **{"device": "cpu", **kw})  # fmt: skip
     args.check()
     d = tmp_path_factory.mktemp("zmq")
     return Scheduler(args, str(tiny_path), f"ipc://{d}/in", f"ipc://{d}/out")
