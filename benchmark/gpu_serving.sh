@@ -47,5 +47,6 @@ stage serving_mixed "$lim" "$PY" "${BENCH[@]}" --max-concurrency 64 1 16 256 --n
 lim=$(( $(left) - 5 ))
 [ "$lim" -gt 20 ] && stage serving_plain "$lim" "$PY" "${BENCH[@]}" --max-concurrency 64 16 --num-prompts 64 16 \
   --note "$NOTE" --output-file "$OUT/bench_serving_${MODEL}_plain.json" -- "${SERVER[@]}" --no-enable-mixed-chunk
+"$PY" benchmark/results_table.py "$OUT" --include-cpu 2>&1 | tee "$OUT/results_table.md"
 echo "== done ($((SECONDS - START)) s)"
 exit $status

@@ -79,7 +79,8 @@ class Scheduler(PrefillMixin, SpecDecodeMixin, FaultIsolationMixin):
             )
         chunk = server_args.chunked_prefill_size
         self.chunk_budget = chunk if chunk and chunk > 0 else server_args.max_prefill_tokens
-        self.mixed_chunk = bool(server_args.enable_mixed_chunk)  # decode tokens ride on prefill chunks
+        # Decode tokens ride on prefill chunks (scheduler_prefill.py); never with MTP (server_args refuses it).
+        self.mixed_chunk = bool(server_args.enable_mixed_chunk) and not spec_on
         self.mixed_counts = {"num_mixed_steps": 0, "num_mixed_decode_tokens": 0}
         self.kv = ReqKVManager(
             self.runner,
