@@ -43,6 +43,7 @@ except ImportError:  # the serving stack ships orjson; plain json is a slower fa
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT)]
 
+from benchmark.back_to_back import back_to_back  # noqa: E402
 from benchmark.bench_one_batch import git_commit  # noqa: E402
 from benchmark.slice_dir import resolve_bench_model  # noqa: E402
 
@@ -254,8 +255,9 @@ def parse_args(argv: list[str] | None):
                    help="start a server (arguments after `--`; `--model-path inkling-slice` works) on a free port")
     p.add_argument("--server-timeout", type=float, default=900.0, help="seconds to wait for a launched server")
     p.add_argument("--dataset-name", choices=("random",), default="random")
-    p.add_argument("--num-prompts", type=int, default=None,
-                   help="requests per concurrency level (default: 2 x the level, at least 8)")
+    p.add_argument("--num-prompts", type=int, nargs="+", default=None,
+                   help="requests per concurrency level: one number for all, or one per --max-concurrency "
+                   "(default: 2 x the level, at least 8)")
     p.add_argument("--random-input-len", type=int, default=8192)
     p.add_argument("--random-output-len", type=int, default=1024)
     p.add_argument("--random-range-ratio", type=float, default=1.0,
@@ -263,9 +265,13 @@ def parse_args(argv: list[str] | None):
     p.add_argument("--max-concurrency", type=int, nargs="+", default=[1, 8, 64, 256])
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--request-timeout", type=float, default=3600.0)
+    p.add_argument("--engine-timings", type=Path, default=None,
+                   help="engine_timings.py JSON: each level gets its back-to-back figure (back_to_back.py)")
     p.add_argument("--note", default=None, help="free text stored in the JSON (e.g. why lengths were scaled)")
     p.add_argument("--output-file", type=Path, default=None)
     args = p.parse_args(own)
+    if args.num_prompts and len(args.num_prompts) not in (1, len(args.max_concurrency)):
+        p.error("--num-prompts takes one number or one per --max-concurrency level")
     args.server_args = server_args
     return args
 
@@ -289,7 +295,8 @@ def main(argv: list[str] | None = None) -> dict:
     try:
         status, data = request_json(base, "GET", "/get_server_info")
         info = _loads(data) if status == 200 else {}
-        info.pop("internal_states", None)
+        states = info.pop("internal_states", None) or [{}]
+        engine = _loads(args.engine_timings.read_bytes()) if args.engine_timings else None
         commit, dirty = git_commit()
         ts = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
         result = {
@@ -308,6 +315,8 @@ def main(argv: list[str] | None = None) -> dict:
             "random_range_ratio": args.random_range_ratio,
             "seed": args.seed,
             "note": args.note,
+            "enable_mixed_chunk": info.get("enable_mixed_chunk"),
+            "engine_timings": engine,
             "requested_max_concurrency": args.max_concurrency,
             "runs": [],
         }
@@ -319,13 +328,23 @@ def main(argv: list[str] | None = None) -> dict:
                                args.request_timeout)  # fmt: skip
         if warm["error"]:
             raise RuntimeError(f"warm-up request failed: {warm['error']}")
-        for c in args.max_concurrency:
-            n = args.num_prompts or max(2 * c, 8)
+        for i, c in enumerate(args.max_concurrency):
+            n = args.num_prompts[min(i, len(args.num_prompts) - 1)] if args.num_prompts else max(2 * c, 8)
             prompts = make_prompts(n, args.random_input_len, args.random_output_len, args.random_range_ratio,
                                    args.seed)  # fmt: skip
+            mixed_before = _mixed_counts(base)
             results, duration = run_level(base, prompts, c, args.request_timeout)
-            result["runs"].append(summarize(results, duration, c))
-            print_row(result["runs"][-1])
+            run = summarize(results, duration, c)
+            after = _mixed_counts(base)
+            run["mixed_steps"] = {k: after.get(k, 0) - mixed_before.get(k, 0) for k in after}
+            if engine is not None:  # exact lengths only: with a range ratio the figure is approximate
+                run["back_to_back"] = back_to_back(engine, c, n, args.random_input_len, args.random_output_len,
+                                                   {**info, **states[0]})  # fmt: skip
+                b2b = run["back_to_back"]
+                run["output_throughput_over_back_to_back"] = run["output_throughput"] / b2b["output_throughput"]
+                run["p99_ttft_over_prefill_all"] = run["p99_ttft_ms"] / 1e3 / b2b["prefill_all_s"]
+            result["runs"].append(run)
+            print_row(run)
             out.write_text(json.dumps(result, indent=2))  # after every level: a time limit keeps the finished ones
     finally:
         if server is not None:
@@ -334,12 +353,25 @@ def main(argv: list[str] | None = None) -> dict:
     return result
 
 
+def _mixed_counts(base: str) -> dict:
+    """The scheduler's mixed-step counters (steps whose prefill carried decode tokens)."""
+    status, data = request_json(base, "GET", "/get_server_info")
+    st = (_loads(data).get("internal_states") or [{}])[0] if status == 200 else {}
+    return {k: st[k] for k in ("num_mixed_steps", "num_mixed_decode_tokens") if k in st}
+
+
 def print_row(r: dict) -> None:
     print(f"concurrency {r['max_concurrency']:>4}: {r['completed']}/{r['num_prompts']} ok, "
           f"{r['output_throughput']:.1f} out tok/s, {r['request_throughput']:.2f} req/s, "
           f"TTFT mean/p99 {r['mean_ttft_ms']:.1f}/{r['p99_ttft_ms']:.1f} ms, "
           f"TPOT mean/p99 {r['mean_tpot_ms']:.2f}/{r['p99_tpot_ms']:.2f} ms, "
           f"ITL median/p99 {r['median_itl_ms']:.2f}/{r['p99_itl_ms']:.2f} ms", flush=True)  # fmt: skip
+    b = r.get("back_to_back")
+    if b:
+        print(f"      back-to-back: {b['output_throughput']:.1f} out tok/s (waves of {b['wave_size']}, "
+              f"{b['decode_step_ms']:.2f} ms/step, prefill {b['prefill_ms']:.1f} ms, all prefills "
+              f"{b['prefill_all_s']:.2f} s); served/back-to-back {r['output_throughput_over_back_to_back']:.2f}, "
+              f"TTFT p99 / all prefills {r['p99_ttft_over_prefill_all']:.2f}", flush=True)  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -63,7 +63,9 @@ def config_of(d: dict) -> str:
         return f"H {c['hidden']}, I {c['inter']}, {c['experts']} experts, top-{c['top_k']}, {c['sinks']} sinks"
     if "config" in d:
         return d["config"]
-    return str(d.get("server_args", {}).get("served_model_name") or "?")
+    name = str(d.get("server_args", {}).get("served_model_name") or "?")
+    mixed = d.get("enable_mixed_chunk")  # runs with and without --enable-mixed-chunk are two tables
+    return name if mixed is None else f"{name}, mixed chunk {'on' if mixed else 'off'}"
 
 
 def table(header: list[str], rows: list[list[str]]) -> str:
@@ -179,14 +181,21 @@ def peer_table(ours: dict | None, peer: dict) -> str:
 
 
 def serving_table(d: dict) -> str:
+    runs = sorted(d["runs"], key=lambda r: r["max_concurrency"])  # gpu_serving.sh runs 64 first
     rows = [[
         str(r["max_concurrency"]), f"{r['completed']}/{r['num_prompts']}", f(r["output_throughput"], ".1f"),
         f(r["request_throughput"], ".2f"), f(r["mean_ttft_ms"], ".1f"), f(r["p99_ttft_ms"], ".1f"),
         f(r["mean_tpot_ms"]), f(r["p99_tpot_ms"]), f(r["median_itl_ms"]), f(r["p99_itl_ms"]),
-    ] for r in d["runs"]]  # fmt: skip
+    ] for r in runs]  # fmt: skip
     note = f" {d['note']}" if d.get("note") else ""
     header = ["concurrency", "ok", "out tok/s", "req/s", "TTFT mean ms", "TTFT p99 ms", "TPOT mean ms",
               "TPOT p99 ms", "ITL median ms", "ITL p99 ms"]  # fmt: skip
+    if any(r.get("back_to_back") for r in runs):  # beside each level: the engine's own figure
+        header += ["back-to-back tok/s", "served / b2b", "TTFT p99 / all prefills"]
+        for row, r in zip(rows, runs):
+            b = r.get("back_to_back") or {}
+            row += [f(b.get("output_throughput"), ".1f"), f(r.get("output_throughput_over_back_to_back")),
+                    f(r.get("p99_ttft_over_prefill_all"))]  # fmt: skip
     return (f"Serving through HTTP, {config_of(d)}: {d['random_input_len']}-token prompts, "
             f"{d['random_output_len']}-token outputs, seeded random ids.{note} (source: {source(d)})\n\n"
             + table(header, rows))  # fmt: skip

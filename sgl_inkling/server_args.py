@@ -69,6 +69,7 @@ class ServerArgs:
     max_total_tokens: int | None = None
     chunked_prefill_size: int | None = None  # None: 8192 on cuda, 512 on cpu; -1: no chunking
     max_prefill_tokens: int = 16384
+    enable_mixed_chunk: bool | None = None  # None: on without MTP (decode tokens ride on prefill chunks)
     schedule_policy: str = "lpm"  # longest cached prefix first when the queue is long (aging prevents starvation)
     disable_radix_cache: bool = False
     sconv_checkpoint_interval: int | None = None  # None: DEFAULT_SCONV_CHECKPOINT_INTERVAL
@@ -171,6 +172,9 @@ class ServerArgs:
                        help="Tokens per prefill chunk; -1 disables chunking. Default 8192 on cuda, 512 on cpu.")
         g.add_argument("--max-prefill-tokens", type=int, default=d.max_prefill_tokens,
                        help="Most tokens in one prefill batch.")
+        g.add_argument("--enable-mixed-chunk", action=argparse.BooleanOptionalAction, default=d.enable_mixed_chunk,
+                       help="A step that prefills a chunk also decodes one token of every running request "
+                            "(within --chunked-prefill-size). Default: on, off with MTP (refused with it).")
         g.add_argument("--schedule-policy", choices=SCHEDULE_POLICIES, default=d.schedule_policy,
                        help="fcfs: arrival order; lpm: longest cached prefix first.")
         g.add_argument("--disable-radix-cache", action="store_true")
@@ -328,6 +332,14 @@ class ServerArgs:
             fail("--chunked-prefill-size", f"must be positive or -1 (no chunking), got {self.chunked_prefill_size}")
 
         self._check_speculative(fail)
+        if self.speculative_algorithm is not None:
+            if self.enable_mixed_chunk:
+                fail("--enable-mixed-chunk", "not supported with --speculative-algorithm MTP: a step verifies "
+                                             "drafts of every running request and drafts after the prompt, which "
+                                             "a prefill chunk cannot carry; leave it unset (off with MTP)")
+            self.enable_mixed_chunk = False
+        elif self.enable_mixed_chunk is None:
+            self.enable_mixed_chunk = True
 
         on_cuda = self.resolved_device() == "cuda"
         if self.attention_backend is None:

@@ -1,4 +1,18 @@
-"""Order of admission for waiting requests: FCFS, or longest cached prefix first (SGLang's lpm)."""
+"""Order of admission for waiting requests: FCFS, or longest cached prefix first (SGLang's lpm).
+
+What bounds a request's wait (scheduler_prefill.py applies the order):
+- fcfs: arrival order. lpm: the same while fewer than LPM_MIN_QUEUE wait; a longer queue is sorted
+  by cached prefix, except that every request waiting longer than MAX_WAIT_S goes first, in arrival
+  order: no later arrival overtakes it after that, however well it hits the cache.
+- Admission is head-of-line: when the request at the head does not fit (no table row, or not enough
+  KV memory), nobody behind it is admitted, so a long prompt is never starved by a stream of short
+  ones; partially prefilled requests continue before anyone new is admitted.
+- Decode never starves prefill: without mixing, a step with waiting prompts prefills first; with
+  --enable-mixed-chunk the running requests' decode tokens ride on the chunk but leave it at least
+  half of --chunked-prefill-size (more running requests: the step prefills alone).
+So a request waits at most for the prompts that arrived before it (or, under lpm, for MAX_WAIT_S of
+cache-friendly reordering first) and for the memory that running requests give back.
+"""
 
 from __future__ import annotations
 

@@ -7,10 +7,8 @@ and sends BatchTokenOut to the detokenizer (control replies take the same route)
 from __future__ import annotations
 
 import logging
-import time
 from collections import deque
 
-import torch
 import zmq
 
 from sgl_inkling.constrained.scheduler_hooks import create_backend, grammar_stats
@@ -20,21 +18,19 @@ from sgl_inkling.managers.schedule_policy import SchedulePolicy
 from sgl_inkling.managers.scheduler_faults import FaultIsolationMixin
 from sgl_inkling.managers.scheduler_memory import size_pools
 from sgl_inkling.managers.scheduler_overlap import OverlapDecodeMixin
+from sgl_inkling.managers.scheduler_prefill import PrefillMixin
 from sgl_inkling.managers.scheduler_sampling import SamplingMixin
 from sgl_inkling.managers.scheduler_spec import SpecDecodeMixin
 from sgl_inkling.managers.watchdog import Watchdog, exit_on_hang
 from sgl_inkling.mem_cache.req_kv import ReqKVManager
-from sgl_inkling.model_executor.forward_batch import ForwardBatch, ForwardMode
 from sgl_inkling.model_executor.model_loader import load_model
 from sgl_inkling.model_executor.model_runner import ModelRunner
-from sgl_inkling.model_executor.step_faults import model_step
-from sgl_inkling.multimodal.embed import extend_input_embeds
 from sgl_inkling.sampling.sampler import Sampler
 
 logger = logging.getLogger(__name__)
 
 
-class Scheduler(OverlapDecodeMixin, SamplingMixin, SpecDecodeMixin, FaultIsolationMixin):
+class Scheduler(OverlapDecodeMixin, SamplingMixin, PrefillMixin, SpecDecodeMixin, FaultIsolationMixin):
     def __init__(self, server_args, model_path: str, recv_addr: str, send_addr: str):
         self.args = server_args
         from sgl_inkling.chat.tokenizer import get_tokenizer
@@ -77,6 +73,9 @@ class Scheduler(OverlapDecodeMixin, SamplingMixin, SpecDecodeMixin, FaultIsolati
             )
         chunk = server_args.chunked_prefill_size
         self.chunk_budget = chunk if chunk and chunk > 0 else server_args.max_prefill_tokens
+        # Decode tokens ride on prefill chunks (scheduler_prefill.py); never with MTP (server_args refuses it).
+        self.mixed_chunk = bool(server_args.enable_mixed_chunk) and not spec_on
+        self.mixed_counts = {"num_mixed_steps": 0, "num_mixed_decode_tokens": 0}
         self.kv = ReqKVManager(
             self.runner,
             cfg.sliding_window_size,
@@ -134,9 +133,12 @@ class Scheduler(OverlapDecodeMixin, SamplingMixin, SpecDecodeMixin, FaultIsolati
 
     def step(self) -> None:
         self.step_reqs, self.step_allocs = [], {}
-        if (self.waiting or self.partial) and self.run_prefill():
-            self.commit_pending()  # the prefill read its tokens back, so the pending decode's are there
-            return
+        if self.waiting or self.partial:
+            # A prefill step, and the decode tokens riding on it (mixed chunks), start from committed
+            # tokens: an overlapped decode still in flight is read back first.
+            self.commit_pending()
+            if self.run_prefill():
+                return
         if self.running:
             self.run_decode()
 
@@ -177,131 +179,12 @@ class Scheduler(OverlapDecodeMixin, SamplingMixin, SpecDecodeMixin, FaultIsolati
             "num_waiting_reqs": len(self.waiting),
             "num_retracted_reqs": self.num_retracted,
             "num_finished_reqs": self.num_finished,
+            "enable_mixed_chunk": self.mixed_chunk,
+            **self.mixed_counts,
             **grammar_stats(self.grammar),
             **self.overlap_stats(),
             **(self.spec.stats() if self.spec is not None else {}),
         }
-
-    # ---------------------------------------------------------------- prefill
-
-    def run_prefill(self) -> bool:
-        """Continue partially prefilled requests, then admit waiting ones, within the token and memory budget."""
-        budget = self.chunk_budget
-        batch: list[tuple[Req, int, tuple]] = []
-        # Keep one decode step's slots per running request free so admission never forces a retraction.
-        per_req = self.spec.num_steps + 1 if self.spec is not None else 1
-        reserve = per_req * len(self.running)
-        for req in self.partial + self.policy.order(self.waiting):
-            if budget <= 0:
-                break
-            self.step_reqs = [r for r, _, _ in batch] + [req]
-            fresh = req.row is None
-            if fresh:
-                if not self._fits_at_all(req):
-                    self._remove_waiting(req)
-                    self.finish(
-                        req,
-                        {"type": "abort", "message": "the request needs more KV memory than the server has"},
-                    )
-                    continue
-                if not self.kv.admit(req):
-                    break
-            n = min(len(req.fill_ids) - req.kv_len, budget)
-            locs = self.kv.alloc(req, n) if self.kv.ensure(n + reserve, n + reserve) else None
-            if locs is None:
-                if fresh:
-                    self.kv.free(req)  # give back the row and the prefix lock; it stays waiting
-                break
-            self._remove_waiting(req)
-            self.step_allocs[req] = n
-            if req.queue_time is None:
-                req.queue_time = time.monotonic() - req.arrival
-            batch.append((req, n, locs))
-            budget -= n
-            reserve += per_req
-        self.step_reqs = [r for r, _, _ in batch]
-        if not batch:
-            return False
-        scheduled = {id(r) for r, _, _ in batch}
-        self.partial = [r for r in self.partial if id(r) not in scheduled]  # forward_extend re-adds
-        self.forward_extend(batch)
-        return True
-
-    def _fits_at_all(self, req: Req) -> bool:
-        return len(req.fill_ids) + 1 <= self.kv.full.num_slots
-
-    def _remove_waiting(self, req: Req) -> None:
-        try:
-            self.waiting.remove(req)
-        except ValueError:
-            pass
-
-    def forward_extend(self, batch: list[tuple[Req, int, tuple]]) -> None:
-        tokens, counts = [], []
-        for req, n, _ in batch:
-            tokens.append(req.fill_ids[req.kv_len : req.kv_len + n])
-            counts.append(n if req.wants_input_logprobs else 1)
-        fb = ForwardBatch.build(
-            ForwardMode.EXTEND,
-            tokens,
-            [r.row for r, _, _ in batch],
-            [r.kv_len for r, _, _ in batch],
-            torch.cat([loc[0] for _, _, loc in batch]).tolist(),
-            torch.cat([loc[1] for _, _, loc in batch]).tolist(),
-            self.runner.device,
-            logits_counts=counts,
-        )
-        fb.input_embeds = extend_input_embeds(self.runner.model, [(r, r.kv_len, n) for r, n, _ in batch], fb.input_ids)
-        if self.kv.radix is not None:
-            fb.sconv_snapshots = {i: self.kv.snapshot_plan(r, n) for i, (r, n, _) in enumerate(batch)}
-            fb.sconv_checkpoints = self.kv.radix.ckpts
-        out = self.runner.forward(fb)
-        logits = out.logits
-        if self.spec is not None:
-            starts = torch.cumsum(torch.tensor([0] + [n for _, n, _ in batch]), 0).tolist()
-            with model_step():
-                self.spec.after_extend(
-                    [(r, n, out.hidden[starts[i] : starts[i] + n], fb.sconv_snapshots.get(i, []))
-                     for i, (r, n, _) in enumerate(batch)],
-                    self.kv.radix.ckpts if self.kv.radix is not None else None,
-                )  # fmt: skip
-        done, done_logits, offset = [], [], 0
-        for (req, n, _), k in zip(batch, counts):
-            rows = logits[offset : offset + k]
-            offset += k
-            if req.wants_input_logprobs:
-                self._collect_input_logprobs(req, rows, n)
-            req.kv_len += n
-            self.step_allocs.pop(req, None)
-            self.kv.after_extend(req)
-            if req.kv_len == len(req.fill_ids) and req.sampling_params.max_new_tokens == 0:
-                self.finish(req, {"type": "length", "length": 0})  # prompt logprobs only (e.g. select)
-            elif req.kv_len == len(req.fill_ids):
-                done.append(req)
-                done_logits.append(rows[-1])
-            else:
-                self.partial.append(req)
-        if done:
-            self.sample_and_advance(done, torch.stack(done_logits))
-            self.running.extend(r for r in done if not r.finished)
-            if self.spec is not None:
-                self.start_drafting([r for r in done if not r.finished])
-
-    def _collect_input_logprobs(self, req: Req, rows: torch.Tensor, n: int) -> None:
-        """Logprob of each prompt token from logprob_start_len, from the logits one position earlier."""
-        acc = req.input_lp_partial
-        prompt = req.origin_input_ids
-        start = req.logprob_start_len
-        if req.kv_len <= start < req.kv_len + n and start == 0:
-            acc.append((None, prompt[0]))
-        lp = torch.log_softmax(rows.float(), dim=-1)
-        for j in range(n):
-            pos = req.kv_len + j  # logits at pos predict token pos + 1
-            nxt = pos + 1
-            if start <= nxt < len(prompt):
-                acc.append((float(lp[j, prompt[nxt]]), prompt[nxt]))
-        if req.kv_len + n >= len(prompt):
-            req.input_logprobs = acc
 
     # ---------------------------------------------------------------- decode
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from benchmark import bench_serving
 from benchmark.slice_dir import resolve_bench_model
 from sgl_inkling.models.inkling.config import InklingConfig
@@ -14,11 +16,23 @@ from sgl_inkling.models.inkling.slice_config import SLICE_NAME, slice_config
 def test_bench_serving_json_is_consistent(server, tmp_path):
     out = tmp_path / "serving.json"
     levels, n, in_len, out_len = [1, 3], 4, 24, 6
+    engine = tmp_path / "engine.json"
+    engine.write_text(json.dumps({"prefill_ms": 50.0, "input_len": in_len, "decode_step_ms": {"1": 5.0, "4": 8.0}}))
     bench_serving.main([
+        "--engine-timings", str(engine),
         "--base-url", server.base_url, "--max-concurrency", *map(str, levels), "--num-prompts", str(n),
         "--random-input-len", str(in_len), "--random-output-len", str(out_len), "--random-range-ratio", "0.5",
         "--seed", "7", "--note", "smoke", "--output-file", str(out),
     ])  # fmt: skip
+    d = json.loads(out.read_text())
+    assert d["enable_mixed_chunk"] is True and d["engine_timings"]["prefill_ms"] == 50.0
+    for run, c in zip(d["runs"], levels):
+        b = run["back_to_back"]  # n prefills of 50 ms, then waves of min(c, n) decoding 6 tokens
+        steps = {1: [5.0] * 4, 3: [7.0, 5.0]}[c]  # batch 3: 7 ms between the measured 1 and 4
+        assert b["wave_size"] == min(c, n) and b["duration_s"] == pytest.approx((n * 50 + 6 * sum(steps)) / 1e3)
+        assert run["output_throughput_over_back_to_back"] == pytest.approx(
+            run["output_throughput"] / b["output_throughput"])
+        assert set(run["mixed_steps"]) == {"num_mixed_steps", "num_mixed_decode_tokens"}
     d = json.loads(out.read_text())
     assert d["benchmark"] == "bench_serving" and d["note"] == "smoke" and len(d["git_commit"]) >= 7
     assert d["server_args"]["served_model_name"] == "inkling-tiny"

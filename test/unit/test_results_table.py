@@ -86,3 +86,23 @@ def test_mtp_table_takes_each_batch_size_from_its_file(results):
     assert "| 36.0 | 30.0 | 1.20x |" in rows[0]  # 36 / 30 tok/s/user
     assert "| 7.0 | 2.8 | 2.50x |" in rows[1]
     assert "benchmark-only" in text
+
+
+def test_serving_with_and_without_mixed_chunk_are_two_tables_with_back_to_back(tmp_path):
+    def serving(mixed: bool, tok_s: float) -> dict:
+        run = {"max_concurrency": 64, "completed": 64, "num_prompts": 64, "output_throughput": tok_s,
+               "request_throughput": 1.0, "mean_ttft_ms": 1.0, "p99_ttft_ms": 2.0, "mean_tpot_ms": 3.0,
+               "p99_tpot_ms": 4.0, "median_itl_ms": 5.0, "p99_itl_ms": 6.0,
+               "back_to_back": {"output_throughput": 2060.0}, "output_throughput_over_back_to_back": tok_s / 2060,
+               "p99_ttft_over_prefill_all": 0.5}  # fmt: skip
+        return {"benchmark": "bench_serving", "gpu": "H200", "timestamp": f"t{mixed}", "git_commit": "abc",
+                "server_args": {"served_model_name": "inkling-slice"}, "enable_mixed_chunk": mixed,
+                "random_input_len": 8192, "random_output_len": 1024, "runs": [run]}  # fmt: skip
+
+    for mixed, tok_s in ((True, 2100.0), (False, 1290.0)):
+        (tmp_path / f"{mixed}.json").write_text(json.dumps(serving(mixed, tok_s)))
+    text = results_table.render(results_table.load([tmp_path], include_cpu=False))
+    on, off = text.split("mixed chunk on")[1], text.split("mixed chunk off")[1].split("mixed chunk on")[0]
+    assert "back-to-back tok/s" in text
+    assert "| 2100.0 |" in on and "| 2060.0 | 1.02 | 0.50 |" in on
+    assert "| 1290.0 |" in off and "| 2060.0 | 0.63 | 0.50 |" in off

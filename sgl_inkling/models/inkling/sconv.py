@@ -56,12 +56,21 @@ def _extend(x: torch.Tensor, w: torch.Tensor, state: torch.Tensor, batch: Forwar
     out = torch.empty_like(x)
     width = state.shape[1]
     offset = 0
+    # One token on a cached prefix is a decode (mixed chunked prefill carries one per running request):
+    # those go through _decode together, whose arithmetic is _conv's for n = 1, bit for bit.
+    singles: list[tuple[int, int]] = []
     for row, prefix, n in zip(batch.req_pool_indices.tolist(), batch.prefix_lens_cpu, batch.extend_lens_cpu):
-        prev = state[row] if prefix > 0 else x.new_zeros(width, x.shape[1])
-        window = torch.cat([prev, x[offset : offset + n]], dim=0)
-        out[offset : offset + n] = _conv(window, w, n)
-        state[row] = window[-width:]
+        if n == 1 and prefix > 0:
+            singles.append((offset, row))
+        else:
+            prev = state[row] if prefix > 0 else x.new_zeros(width, x.shape[1])
+            window = torch.cat([prev, x[offset : offset + n]], dim=0)
+            out[offset : offset + n] = _conv(window, w, n)
+            state[row] = window[-width:]
         offset += n
+    if singles:
+        at, rows = (torch.tensor(v, device=x.device) for v in zip(*singles))
+        out[at] = _decode(x[at], w, state, rows)
     return out
 
 

@@ -1,0 +1,156 @@
+"""The engine's own step times for a serving workload, measured bench_one_batch-style in their own
+process (a separate stage before the server starts: the GPU holds one copy of the slice at a time).
+
+    python benchmark/engine_timings.py --config slice --input-len 8192 --output-len 1024 \
+        --batch-size 1 16 64 256 --out benchmark/results/engine_timings_inkling-slice.json
+
+Measures (CUDA events on the GPU, median of repeats after a warm-up):
+- the prefill of one `--input-len`-token prompt (one EXTEND forward, eager as served);
+- the decode step at each batch size with every sequence `input-len + output-len / 2` tokens deep
+  (the mean context of a 1K-token decode), replayed from a CUDA graph as the server does. The KV
+  read is real (the slots are allocated; their contents are whatever the pool holds, which costs
+  the same), the token ids random.
+bench_serving --engine-timings reads the JSON and puts the back-to-back figure beside each level.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "kernels")]
+
+from benchmark.bench_one_batch import Clock, git_commit, replay_ms  # noqa: E402
+from sgl_inkling.model_executor.cuda_graph_runner import capture_forward  # noqa: E402
+from sgl_inkling.model_executor.forward_batch import ForwardBatch, ForwardMode  # noqa: E402
+from sgl_inkling.model_executor.model_loader import build_model  # noqa: E402
+from sgl_inkling.model_executor.model_runner import ModelRunner  # noqa: E402
+from sgl_inkling.models.inkling.config import InklingConfig  # noqa: E402
+from sgl_inkling.models.inkling.slice_config import slice_config  # noqa: E402
+from sgl_inkling.models.inkling.tiny import TINY_CONFIG  # noqa: E402
+from sgl_inkling.models.inkling.weights import init_dummy_weights  # noqa: E402
+
+
+def prefill_ms(runner: ModelRunner, n: int, vocab: int, repeats: int, gen: torch.Generator) -> float:
+    clock, times = Clock(runner.device), []
+    for rep in range(repeats + 1):  # the first is warm-up
+        row = runner.req_to_token.alloc()
+        full, swa = runner.full_pool.allocator.alloc(n), runner.swa_pool.allocator.alloc(n)
+        runner.req_to_token.write("full", row, 0, full)
+        runner.req_to_token.write("swa", row, 0, swa)
+        ids = torch.randint(0, vocab, (n,), generator=gen).tolist()
+        fb = ForwardBatch.build(ForwardMode.EXTEND, [ids], [row], [0], full.tolist(), swa.tolist(), runner.device)
+        a = clock.mark()
+        runner.forward(fb)
+        b = clock.mark()
+        clock.sync()
+        if rep:
+            times.append(clock.ms(a, b))
+        runner.full_pool.allocator.free(full)
+        runner.swa_pool.allocator.free(swa)
+        runner.req_to_token.free(row)
+    return statistics.median(times)
+
+
+def decode_ms(runner: ModelRunner, bsz: int, ctx: int, window: int, vocab: int, steps: int, gen) -> float:
+    """One decode step of `bsz` sequences `ctx` tokens deep: full KV for every position, sliding KV
+    for the window only (older sliding slots are freed in serving too)."""
+    r, held = runner, []
+    rows, full_out, swa_out = [], [], []
+    for _ in range(bsz):
+        row = r.req_to_token.alloc()
+        full = r.full_pool.allocator.alloc(ctx + 1)
+        swa = r.swa_pool.allocator.alloc(window + 1)
+        r.req_to_token.write("full", row, 0, full)
+        r.req_to_token.write("swa", row, ctx - window, swa)
+        held.append((row, full, swa))
+        rows.append(row)
+        full_out.append(int(full[-1]))
+        swa_out.append(int(swa[-1]))
+    ids = torch.randint(0, vocab, (bsz, 1), generator=gen).tolist()
+    fb = ForwardBatch.build(ForwardMode.DECODE, ids, rows, [ctx] * bsz, full_out, swa_out, r.device)
+    clock = Clock(r.device)
+    try:
+        if clock.cuda:
+            graph, _ = capture_forward(r, fb)
+            return statistics.median(replay_ms(graph.replay, steps))
+        r.forward(fb)  # warm-up
+        times = []
+        for _ in range(steps):
+            a = clock.mark()
+            r.forward(fb)
+            times.append(clock.ms(a, clock.mark()))
+        return statistics.median(times)
+    finally:
+        for row, full, swa in held:
+            r.full_pool.allocator.free(full)
+            r.swa_pool.allocator.free(swa)
+            r.req_to_token.free(row)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--config", choices=("slice", "tiny"), default="slice")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--input-len", type=int, default=8192)
+    p.add_argument("--output-len", type=int, default=1024)
+    p.add_argument("--batch-size", type=int, nargs="+", default=[1, 16, 64, 256])
+    p.add_argument("--decode-steps", type=int, default=10)
+    p.add_argument("--prefill-repeats", type=int, default=2)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", type=Path, required=True)
+    args = p.parse_args(argv)
+    device = torch.device(args.device)
+    cuda = device.type == "cuda"
+    config = slice_config() if args.config == "slice" else InklingConfig.from_dict(TINY_CONFIG)
+    name = "inkling-slice" if args.config == "slice" else "inkling-tiny"
+    t0 = time.perf_counter()
+    model = build_model(config, torch.bfloat16 if cuda else torch.float32, device)
+    init_dummy_weights(model, seed=args.seed)
+    Clock(device).sync()
+    print(f"{name}: dummy weights in {time.perf_counter() - t0:.1f} s", flush=True)
+    cfg = config.text
+    window, vocab = cfg.sliding_window_size, cfg.unpadded_vocab_size
+    ctx = args.input_len + args.output_len // 2
+    most = max(args.batch_size)
+    runner = ModelRunner(model, most, ctx + args.output_len + 8, most * (ctx + 1) + args.input_len + 8,
+                         most * (window + 1) + args.input_len + 8, "triton" if cuda else "torch_native")  # fmt: skip
+    gen = torch.Generator().manual_seed(args.seed)
+    pre = prefill_ms(runner, args.input_len, vocab, args.prefill_repeats, gen)
+    print(f"prefill of {args.input_len} tokens: {pre:.1f} ms", flush=True)
+    steps = {}
+    for bsz in sorted(args.batch_size):
+        steps[str(bsz)] = decode_ms(runner, bsz, ctx, window, vocab, args.decode_steps, gen)
+        print(f"decode step at batch {bsz}, {ctx} tokens deep: {steps[str(bsz)]:.2f} ms", flush=True)
+    commit, dirty = git_commit()
+    result = {
+        "benchmark": "engine_timings",
+        "config": name,
+        "timestamp": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "git_commit": commit,
+        "git_dirty": dirty,
+        "gpu": torch.cuda.get_device_name(device) if cuda else None,
+        "torch": torch.__version__,
+        "cuda_graph": cuda,
+        "input_len": args.input_len,
+        "output_len": args.output_len,
+        "decode_context_len": ctx,
+        "prefill_ms": pre,
+        "decode_step_ms": steps,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2))
+    print(f"wrote {args.out}")
+    return result
+
+
+if __name__ == "__main__":
+    main()

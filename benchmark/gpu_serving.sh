@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Issue 20's serving table on one H200 from the project root, under 5 minutes in all (BUDGET, s):
+#   0. test/gpu/test_mixed_chunk_gpu.py: mixed steps (riders through the extend kernels) give the same
+#      greedy tokens and logprobs as plain decode (graphs) on inkling-tiny in fp32;
+#   1. engine_timings.py: the slice's own prefill of one 8K prompt and its CUDA-graph decode step at
+#      batch 1, 16, 32, 48, 64, 128, 256 with 8.7K-token contexts (a separate measured stage: the GPU
+#      holds one copy of the slice at a time);
+#   2. bench_serving with --enable-mixed-chunk (the default without MTP): 8K in / 1K out at
+#      concurrency 64, 1, 16, 256 (most important first: a time-out keeps the levels done); prompts per
+#      level 64, 2, 16, 96 (the 256 level uses 96 prompts: the JSON says so);
+#   3. the same server with --no-enable-mixed-chunk at concurrency 64, then 16, with what is left.
+# The time left after stages 0-1 goes 55% / 45% to stages 2 / 3; each writes its JSON after every
+# level and stops its server on time-out, so a cut run keeps the levels it finished.
+# Each level's JSON row carries its back-to-back figure from stage 1 (benchmark/back_to_back.py).
+# JSON goes to $OUT (default benchmark/results/gpu_serving). The machine has no .git: pass GIT_COMMIT=<sha>.
+# Smoke test on a CPU: MODEL=inkling-tiny IN_LEN=64 OUT_LEN=8 benchmark/gpu_serving.sh
+set -uo pipefail
+cd "$(dirname "$0")/.."
+. benchmark/gpu_stage.sh
+BUDGET="${BUDGET:-290}"  # the lead's limit; a larger one lets the later levels finish
+MODEL="${MODEL:-inkling-slice}"
+IN_LEN="${IN_LEN:-8192}"
+OUT_LEN="${OUT_LEN:-1024}"
+CONFIG=slice
+[ "$MODEL" = inkling-tiny ] && CONFIG=tiny
+if command -v nvidia-smi >/dev/null; then gpu_begin gpu_serving; else
+  START=$SECONDS; OUT="${OUT:-$PWD/benchmark/results/gpu_serving}"; mkdir -p "$OUT"; PY="${PYTHON:-python3}"; status=0
+  export PYTHONPATH="$PWD/kernels:$PWD/python:$PWD${PYTHONPATH:+:$PYTHONPATH}"
+fi
+left() { echo $((BUDGET - (SECONDS - START))); }
+
+[ "$CONFIG" = slice ] && stage test_mixed_gpu 45 "$PY" -m pytest -q -x -p no:cacheprovider test/gpu/test_mixed_chunk_gpu.py
+stage engine_timings 75 "$PY" benchmark/engine_timings.py --config "$CONFIG" --input-len "$IN_LEN" \
+  --output-len "$OUT_LEN" --batch-size 1 16 32 48 64 128 256 --decode-steps 10 --prefill-repeats 2 \
+  --out "$OUT/engine_timings_$MODEL.json"
+ENGINE=()
+[ -f "$OUT/engine_timings_$MODEL.json" ] && ENGINE=(--engine-timings "$OUT/engine_timings_$MODEL.json")
+
+SERVER=(--model-path "$MODEL" --max-running-requests 256 --random-seed 0)
+[ "$CONFIG" = slice ] && SERVER+=(--load-format dummy)
+BENCH=(benchmark/bench_serving.py --launch-server --server-timeout 150 --random-input-len "$IN_LEN"
+  --random-output-len "$OUT_LEN" --seed 1 "${ENGINE[@]}")
+NOTE="benchmark/gpu_serving.sh: $IN_LEN in / $OUT_LEN out; prompts per level in num_prompts"
+lim=$(( $(left) * 55 / 100 ))
+stage serving_mixed "$lim" "$PY" "${BENCH[@]}" --max-concurrency 64 1 16 256 --num-prompts 64 2 16 96 \
+  --note "$NOTE" --output-file "$OUT/bench_serving_${MODEL}_mixed.json" -- "${SERVER[@]}" --enable-mixed-chunk
+lim=$(( $(left) - 5 ))
+[ "$lim" -gt 20 ] && stage serving_plain "$lim" "$PY" "${BENCH[@]}" --max-concurrency 64 16 --num-prompts 64 16 \
+  --note "$NOTE" --output-file "$OUT/bench_serving_${MODEL}_plain.json" -- "${SERVER[@]}" --no-enable-mixed-chunk
+"$PY" benchmark/results_table.py "$OUT" --include-cpu 2>&1 | tee "$OUT/results_table.md"
+echo "== done ($((SECONDS - START)) s)"
+exit $status

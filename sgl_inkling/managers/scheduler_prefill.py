@@ -1,0 +1,210 @@
+"""The scheduler's prefill step (mixed into Scheduler): chunked prefill under a per-step token budget
+and, with --enable-mixed-chunk, one decode token for every running request in the same EXTEND forward.
+
+Admission order. Requests already partly prefilled go first (they hold memory), then the waiting
+queue in the policy's order (schedule_policy.py: arrival order, except that lpm may reorder a long
+queue among requests that have waited less than MAX_WAIT_S). Admission is head-of-line: when the
+request at the head does not fit (no table row, or not enough KV memory), nobody behind it is
+admitted, so a long prompt is never overtaken by a stream of short ones; it waits only for the
+chunks ahead of it and for memory that running requests give back.
+
+Mixed steps. A decode is an extend of one token on the request's cached prefix, so a step that
+prefills a chunk also carries the next token of every running request: running requests keep
+decoding while new prompts prefill, instead of pausing for every chunk. Those decode tokens count
+against the budget (--chunked-prefill-size): the chunk gets what the running batch leaves. The step
+does not mix (it prefills alone with the whole budget, as without the flag) when the running batch
+would take more than half of the budget, or when there is no memory for its decode tokens (the
+plain decode step then retracts): waiting prompts are never starved by decode. When a mixed
+forward raises, the riders' conv state (saved before it) and slots are put back: only the prefill
+requests fail, as they would without mixing, and the riders decode again the next step.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from sgl_inkling.managers.schedule_batch import Req
+from sgl_inkling.model_executor.forward_batch import ForwardBatch, ForwardMode
+from sgl_inkling.model_executor.step_faults import model_step
+from sgl_inkling.multimodal.embed import extend_input_embeds
+
+Entry = tuple[Req, int, tuple]  # request, new tokens this step, their (full, swa) KV slots
+
+
+class PrefillMixin:
+    """Needs the Scheduler's kv, runner, spec, policy, chunk_budget, mixed_chunk, waiting/running/
+    partial, step_reqs/step_allocs, mixed_counts, finish and sample_and_advance."""
+
+    def run_prefill(self) -> bool:
+        """Continue partially prefilled requests, then admit waiting ones, within the token and memory
+        budget; running requests ride along when the step mixes. False when no prefill could run."""
+        decode = self._riders()
+        budget = self.chunk_budget - len(decode)
+        batch: list[Entry] = []
+        # Keep one decode step's slots per running request free so admission never forces a retraction
+        # (plus this step's decode tokens when they ride along).
+        per_req = self.spec.num_steps + 1 if self.spec is not None else 1
+        reserve = per_req * len(self.running) + len(decode)
+        for req in self.partial + self.policy.order(self.waiting):
+            if budget <= 0:
+                break
+            self.step_reqs = [r for r, _, _ in batch] + [req]
+            fresh = req.row is None
+            if fresh:
+                if not self._fits_at_all(req):
+                    self._remove_waiting(req)
+                    self.finish(
+                        req,
+                        {"type": "abort", "message": "the request needs more KV memory than the server has"},
+                    )
+                    continue
+                if not self.kv.admit(req):
+                    break
+            n = min(len(req.fill_ids) - req.kv_len, budget)
+            locs = self.kv.alloc(req, n) if self.kv.ensure(n + reserve, n + reserve) else None
+            if locs is None:
+                if fresh:
+                    self.kv.free(req)  # give back the row and the prefix lock; it stays waiting
+                break
+            self._remove_waiting(req)
+            self.step_allocs[req] = n
+            if req.queue_time is None:
+                req.queue_time = time.monotonic() - req.arrival
+            batch.append((req, n, locs))
+            budget -= n
+            reserve += per_req
+        if not batch:
+            self.step_reqs = []
+            return False
+        riders = [(r, 1, self.kv.alloc(r, 1)) for r in decode]  # reserved above: cannot fail
+        self.step_allocs.update(dict.fromkeys(decode, 1))
+        self.step_reqs = [r for r, _, _ in batch] + decode
+        scheduled = {id(r) for r, _, _ in batch}
+        self.partial = [r for r in self.partial if id(r) not in scheduled]  # forward_extend re-adds
+        self.forward_extend(batch, riders)
+        return True
+
+    def _riders(self) -> list[Req]:
+        """The running requests whose next token rides on this step's prefill (none when not mixing)."""
+        n = len(self.running)
+        if not self.mixed_chunk or n == 0 or 2 * n > self.chunk_budget:
+            return []
+        return list(self.running) if self.kv.ensure(n, n) else []
+
+    def _fits_at_all(self, req: Req) -> bool:
+        return len(req.fill_ids) + 1 <= self.kv.full.num_slots
+
+    def _remove_waiting(self, req: Req) -> None:
+        try:
+            self.waiting.remove(req)
+        except ValueError:
+            pass
+
+    def forward_extend(self, batch: list[Entry], riders: list[Entry] = ()) -> None:
+        """One EXTEND forward over the prefill chunks and then the riders' decode tokens."""
+        entries = list(batch) + list(riders)
+        tokens, counts = [], []
+        for req, n, _ in entries:
+            tokens.append(req.fill_ids[req.kv_len : req.kv_len + n])
+            counts.append(n if req.wants_input_logprobs else 1)
+        fb = ForwardBatch.build(
+            ForwardMode.EXTEND,
+            tokens,
+            [r.row for r, _, _ in entries],
+            [r.kv_len for r, _, _ in entries],
+            torch.cat([loc[0] for _, _, loc in entries]).tolist(),
+            torch.cat([loc[1] for _, _, loc in entries]).tolist(),
+            self.runner.device,
+            logits_counts=counts,
+        )
+        if self.kv.radix is not None:  # checkpoints inside prefill chunks only (a rider's one token has none)
+            fb.sconv_snapshots = {i: self.kv.snapshot_plan(r, n) for i, (r, n, _) in enumerate(batch)}
+            fb.sconv_checkpoints = self.kv.radix.ckpts
+        saved = self._save_conv_state(riders)
+        try:
+            fb.input_embeds = extend_input_embeds(self.runner.model, [(r, r.kv_len, n) for r, n, _ in entries], fb.input_ids)
+            out = self.runner.forward(fb)
+        except Exception:
+            self._unload_riders(riders, saved)  # the step fails its prefill requests only
+            raise
+        logits = out.logits
+        if self.spec is not None:  # riders never come with MTP (server_args refuses the mix)
+            starts = torch.cumsum(torch.tensor([0] + [n for _, n, _ in batch]), 0).tolist()
+            with model_step():
+                self.spec.after_extend(
+                    [(r, n, out.hidden[starts[i] : starts[i] + n], fb.sconv_snapshots.get(i, []))
+                     for i, (r, n, _) in enumerate(batch)],
+                    self.kv.radix.ckpts if self.kv.radix is not None else None,
+                )  # fmt: skip
+        done, done_logits, offset = [], [], 0
+        for (req, n, _), k in zip(batch, counts):
+            rows = logits[offset : offset + k]
+            offset += k
+            if req.wants_input_logprobs:
+                self._collect_input_logprobs(req, rows, n)
+            req.kv_len += n
+            self.step_allocs.pop(req, None)
+            self.kv.after_extend(req)
+            if req.kv_len == len(req.fill_ids) and req.sampling_params.max_new_tokens == 0:
+                self.finish(req, {"type": "length", "length": 0})  # prompt logprobs only (e.g. select)
+            elif req.kv_len == len(req.fill_ids):
+                done.append(req)
+                done_logits.append(rows[-1])
+            else:
+                self.partial.append(req)
+        decoders = [r for r, _, _ in riders]
+        for req in decoders:  # as a decode step: the token is in, the window slides, nothing is cached
+            req.kv_len += 1
+            self.step_allocs.pop(req, None)
+            self.kv.release_window(req)
+        if decoders:
+            self.mixed_counts["num_mixed_steps"] += 1
+            self.mixed_counts["num_mixed_decode_tokens"] += len(decoders)
+        sampled = decoders + done
+        if sampled:
+            self.sample_and_advance(sampled, torch.cat([logits[offset:], *(x[None] for x in done_logits)]))
+            self.running = [r for r in self.running if not r.finished]
+            self.running.extend(r for r in done if not r.finished)
+            if self.spec is not None:
+                self.start_drafting([r for r in done if not r.finished])
+
+    def _save_conv_state(self, riders: list[Entry]) -> list[torch.Tensor] | None:
+        """The riders' conv windows before the forward moves them (a few KB per request, one gather per
+        layer stream), so that a failed mixed step can put them back."""
+        if not riders:
+            return None
+        rows = torch.tensor([r.row for r, _, _ in riders], device=self.runner.device)
+        return [rows] + [t[rows] for ts in self.runner.sconv_pool.states.values() for t in ts]
+
+    def _unload_riders(self, riders: list[Entry], saved: list[torch.Tensor] | None) -> None:
+        """A mixed forward raised: the riders get their conv state and slots back and stay running, so
+        only the prefill requests fail (fail_step fails step_reqs); they decode again next step."""
+        if not riders:
+            return
+        rows, *states = saved
+        for t, old in zip((t for ts in self.runner.sconv_pool.states.values() for t in ts), states):
+            t[rows] = old
+        for req, _, (full, swa) in riders:
+            self.kv.full.free(full)
+            self.kv.swa.free(swa)
+            self.step_allocs.pop(req, None)
+        decoders = {id(r) for r, _, _ in riders}
+        self.step_reqs = [r for r in self.step_reqs if id(r) not in decoders]
+
+    def _collect_input_logprobs(self, req: Req, rows: torch.Tensor, n: int) -> None:
+        """Logprob of each prompt token from logprob_start_len, from the logits one position earlier."""
+        acc = req.input_lp_partial
+        prompt = req.origin_input_ids
+        start = req.logprob_start_len
+        if req.kv_len <= start < req.kv_len + n and start == 0:
+            acc.append((None, prompt[0]))
+        lp = torch.log_softmax(rows.float(), dim=-1)
+        for j in range(n):
+            pos = req.kv_len + j  # logits at pos predict token pos + 1
+            nxt = pos + 1
+            if start <= nxt < len(prompt):
+                acc.append((float(lp[j, prompt[nxt]]), prompt[nxt]))
+        if req.kv_len + n >= len(prompt):
+            req.input_logprobs = acc

@@ -1,0 +1,262 @@
+"""Mixed chunked prefill (issue 20 item 3), in-process: a step that prefills a chunk also decodes one
+token of every running request. The reference is the same scheduler with --no-enable-mixed-chunk
+driven with the same arrivals: tokens, fp32 logprobs (output, top and prompt) must be equal exactly,
+through radix prefix hits, grammars, seeded sampling, retraction and aborts; the pools end idle."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from sgl_inkling.constrained import GrammarSpec, formats
+from sgl_inkling.managers.io_struct import TokenizedGenerateReq
+from sgl_inkling.managers.scheduler import Scheduler
+from sgl_inkling.sampling.sampling_params import SamplingParams
+from sgl_inkling.server_args import ServerArgs, ServerArgsError, parse_server_args
+
+from .helpers import random_prompt
+
+CHUNK = 64  # tokens per step: prompts of a few hundred tokens take several chunks
+
+
+def make_scheduler(tiny_path, tmp_path_factory, mixed: bool, **kw) -> Scheduler:
+    args = ServerArgs(model_path=str(tiny_path), chunked_prefill_size=CHUNK,
+                      max_prefill_tokens=CHUNK, enable_mixed_chunk=mixed, **{"device": "cpu", **kw})  # fmt: skip
+    args.check()
+    d = tmp_path_factory.mktemp("zmq")
+    return Scheduler(args, str(tiny_path), f"ipc://{d}/in", f"ipc://{d}/out")
+
+
+def close(s: Scheduler) -> None:
+    s.recv_sock.close(0)
+    s.send_sock.close(0)
+
+
+@pytest.fixture(scope="module")
+def pair(tiny_path, tmp_path_factory):
+    """(mixed, plain) schedulers with the prefix cache on."""
+    s = [make_scheduler(tiny_path, tmp_path_factory, m) for m in (True, False)]
+    yield s
+    for x in s:
+        close(x)
+
+
+def submit(s: Scheduler, rid: str, ids: list[int], grammar=None, logprobs: dict | None = None, **params) -> None:
+    sp = SamplingParams.from_dict({"ignore_eos": True, "temperature": 0, **params})
+    s.handle(TokenizedGenerateReq(rid=rid, input_ids=list(ids), sampling_params=sp, grammar=grammar,
+                                  **(logprobs or {})))  # fmt: skip
+
+
+class Recorder:
+    """Everything each request sent out, accumulated over the steps."""
+
+    def __init__(self, s: Scheduler):
+        self.s, self.tokens, self.lps, self.tops, self.inputs, self.reasons = s, {}, {}, {}, {}, {}
+
+    def step(self) -> None:
+        self.s.step()
+        for r in dict.fromkeys(self.s.outbox):
+            self.tokens.setdefault(r.rid, []).extend(r.new_tokens)
+            self.lps.setdefault(r.rid, []).extend(r.new_logprobs)
+            self.tops.setdefault(r.rid, []).extend(r.new_top_logprobs)
+            if r.input_logprobs is not None:
+                self.inputs[r.rid] = list(r.input_logprobs)
+            if r.finished_reason is not None:
+                self.reasons[r.rid] = r.finished_reason
+            r.new_tokens, r.new_logprobs, r.new_top_logprobs = [], [], []
+        self.s.outbox.clear()
+
+    def busy(self) -> bool:
+        return bool(self.s.waiting or self.s.running or self.s.partial)
+
+
+def idle(s: Scheduler) -> bool:
+    st = s.kv.stats()
+    cached = st.get("radix_cached_tokens", 0)
+    return (
+        st["full_kv_available"] + cached == st["full_kv_total"]
+        and st["swa_kv_available"] + st.get("radix_swa_tokens", 0) == st["swa_kv_total"]
+        and st["req_slots_available"] == st["req_slots_total"]
+    )
+
+
+def drive(s: Scheduler, schedule: dict[int, list], abort_at: dict[int, list[str]] | None = None) -> Recorder:
+    """Submit schedule[i] (submit() kwargs) before step i, abort abort_at[i]; run until idle."""
+    rec, i = Recorder(s), 0
+    while i <= max(schedule) or rec.busy():
+        for kw in schedule.get(i, []):
+            submit(s, **kw)
+        for rid in (abort_at or {}).get(i, []):
+            req = next(r for r in [*s.waiting, *s.running, *s.partial] if r.rid == rid)
+            s.abort(rid)  # its output goes straight to the (unread) socket
+            rec.reasons[rid] = req.finished_reason
+        rec.step()
+        i += 1
+        assert i < 2000, "did not finish"
+    assert idle(s)
+    if s.kv.radix is not None:
+        s.kv.radix.flush()
+    return rec
+
+
+def workload() -> dict[int, list]:
+    base = random_prompt(150, seed=11)
+    lp = {"return_logprob": True, "top_logprobs_num": 3, "logprob_start_len": 0}
+    return {
+        0: [dict(rid="short", ids=random_prompt(12, seed=1), max_new_tokens=40),
+            dict(rid="base", ids=base, max_new_tokens=8)],
+        2: [dict(rid="long", ids=random_prompt(330, seed=2), max_new_tokens=12, logprobs=lp)],
+        3: [dict(rid="seeded", ids=random_prompt(30, seed=3), max_new_tokens=20, temperature=1.0, sampling_seed=7)],
+        5: [dict(rid="regex", ids=random_prompt(20, seed=4), max_new_tokens=16,
+                 grammar=GrammarSpec(formats.structural_tag(formats.regex("[a-c]{3,6}x")), "regex"))],
+        # A prefix hit on base (cached at its chunk boundaries and its end), with prompt logprobs.
+        14: [dict(rid="hit", ids=base + random_prompt(90, seed=5), max_new_tokens=10, logprobs=lp),
+             dict(rid="again", ids=base, max_new_tokens=6, logprobs={"return_logprob": True})],
+    }  # fmt: skip
+
+
+def test_mixed_outputs_equal_plain_outputs(pair):
+    mixed, plain = (drive(s, workload()) for s in pair)
+    assert set(mixed.tokens) == {"short", "base", "long", "seeded", "regex", "hit", "again"}
+    assert mixed.tokens == plain.tokens
+    assert mixed.lps == plain.lps and mixed.tops == plain.tops and mixed.inputs == plain.inputs
+    assert mixed.reasons == plain.reasons
+    assert re.fullmatch("[a-c]{3,6}x", pair[0].tokenizer.decode(mixed.tokens["regex"][:-1]))  # then the end
+    assert len(mixed.inputs["long"]) == 330 and len(mixed.tops["long"]) == 12
+    assert all(len(v) == len(mixed.tokens[k]) for k, v in mixed.lps.items() if k in ("long", "hit", "again"))
+    assert pair[0].kv.counters["radix_hit_tokens"] > 0  # the prefix hits happened
+    st_mixed, st_plain = pair[0].internal_state(), pair[1].internal_state()
+    assert st_mixed["enable_mixed_chunk"] and not st_plain["enable_mixed_chunk"]
+    assert st_mixed["num_mixed_steps"] > 0 and st_plain["num_mixed_steps"] == 0
+
+
+def test_running_requests_decode_while_a_long_prompt_prefills(pair):
+    gained = {}
+    for s in pair:
+        submit(s, "a", random_prompt(10, seed=20), max_new_tokens=200)
+        s.step()
+        (a,) = s.running
+        submit(s, "b", random_prompt(6 * CHUNK, seed=21), max_new_tokens=2)
+        sizes = []
+        real = s.runner.forward
+        s.runner.forward = lambda fb, sizes=sizes, real=real: sizes.append(len(fb.input_ids)) or real(fb)
+        steps = grew = 0
+        try:
+            while not any(r.rid == "b" and r.output_ids for r in s.running + [x for x in s.outbox]):
+                before = len(a.output_ids)
+                s.step()
+                steps += 1
+                grew += len(a.output_ids) > before
+        finally:
+            s.runner.forward = real
+        gained[s.mixed_chunk] = (steps, grew)
+        assert max(sizes) <= CHUNK  # decode tokens count against the per-step budget
+        s.abort("", abort_all=True)
+        s.outbox.clear()
+        assert idle(s)
+    steps, grew = gained[True]
+    assert steps >= 6 and grew == steps  # a gained a token in every step of b's multi-chunk prefill
+    assert gained[False][1] == 0  # without mixing, a waits for all of b's chunks
+
+
+def test_no_mixing_when_the_running_batch_would_take_most_of_the_budget(tiny_path, tmp_path_factory):
+    """Prefill keeps at least half the budget: a big running batch makes steps prefill alone."""
+    s = make_scheduler(tiny_path, tmp_path_factory, True, disable_radix_cache=True)
+    try:
+        for i in range(CHUNK // 2 + 1):
+            submit(s, f"r{i}", random_prompt(1, seed=100 + i), max_new_tokens=50)
+        while s.waiting:
+            s.step()
+        assert len(s.running) == CHUNK // 2 + 1
+        submit(s, "late", random_prompt(CHUNK, seed=99), max_new_tokens=1)
+        before = [len(r.output_ids) for r in s.running]
+        s.step()  # the late prompt prefills alone, with the whole budget
+        assert [len(r.output_ids) for r in s.running if r.rid != "late"] == before
+        assert any(r.rid == "late" for r in s.outbox) and s.mixed_counts["num_mixed_steps"] == 0
+        s.abort("", abort_all=True)
+        assert idle(s)
+    finally:
+        close(s)
+
+
+def test_retraction_under_a_tiny_kv_budget(tiny_path, tmp_path_factory):
+    """Greedy outputs survive retraction (re-prefilled later) in both modes and agree."""
+    outs = []
+    for mixed in (True, False):
+        s = make_scheduler(tiny_path, tmp_path_factory, mixed, max_total_tokens=400)
+        try:
+            sched = {0: [dict(rid=f"q{i}", ids=random_prompt(60 + 25 * i, seed=40 + i), max_new_tokens=70)
+                         for i in range(4)]}  # fmt: skip
+            rec = drive(s, sched)
+            assert s.num_retracted > 0
+            outs.append(rec.tokens)
+        finally:
+            close(s)
+    assert outs[0] == outs[1] and all(len(v) == 70 for v in outs[0].values())
+
+
+def test_aborts_mid_prefill_and_mid_decode(pair):
+    sched = {
+        0: [dict(rid="keep", ids=random_prompt(40, seed=60), max_new_tokens=30),
+            dict(rid="dec", ids=random_prompt(20, seed=61), max_new_tokens=100)],
+        2: [dict(rid="pre", ids=random_prompt(5 * CHUNK, seed=62), max_new_tokens=5),
+            dict(rid="tail", ids=random_prompt(50, seed=63), max_new_tokens=25)],
+    }  # fmt: skip
+    recs = [drive(s, sched, abort_at={4: ["pre"], 6: ["dec"]}) for s in pair]
+    for rec in recs:
+        assert rec.reasons["pre"]["type"] == "abort" and rec.reasons["dec"]["type"] == "abort"
+        assert len(rec.tokens["keep"]) == 30 and len(rec.tokens["tail"]) == 25
+    assert recs[0].tokens["keep"] == recs[1].tokens["keep"] and recs[0].tokens["tail"] == recs[1].tokens["tail"]
+
+
+def test_mixed_chunk_flag():
+    assert parse_server_args(["--device", "cpu"]).enable_mixed_chunk is True  # on by default
+    assert parse_server_args(["--device", "cpu", "--enable-mixed-chunk"]).enable_mixed_chunk is True
+    assert parse_server_args(["--device", "cpu", "--no-enable-mixed-chunk"]).enable_mixed_chunk is False
+    mtp = ServerArgs(device="cpu", speculative_algorithm="MTP")
+    mtp.check()
+    assert mtp.enable_mixed_chunk is False  # MTP steps do not mix (refused when asked for)
+    with pytest.raises(ServerArgsError, match="--enable-mixed-chunk"):
+        ServerArgs(device="cpu", speculative_algorithm="MTP", enable_mixed_chunk=True).check()
+
+
+def test_a_failed_mixed_step_fails_its_prefill_only(pair, monkeypatch):
+    """The forward runs (conv state and KV move) and then raises: the prompt it carried fails, the
+    rider gets its state back and its output equals the run without the failure."""
+    from sgl_inkling.model_executor.step_faults import ModelStepError
+
+    outs = []
+    for fail in (True, False):
+        s = pair[0]
+        submit(s, "a", random_prompt(30, seed=70), max_new_tokens=12)
+        s.step()
+        (a,) = s.running
+        submit(s, "b", random_prompt(40, seed=71), max_new_tokens=4)
+        real, seqs = s.runner.forward, []
+
+        def forward(fb, seqs=seqs, real=real, fail=fail):
+            seqs.append(fb.batch_size)
+            out = real(fb)
+            if fail and len(fb.input_ids) > 1:
+                raise ModelStepError("model step failed: RuntimeError: boom")
+            return out
+
+        monkeypatch.setattr(s.runner, "forward", forward)
+        try:
+            s.step()
+        except ModelStepError as e:
+            s.fail_step(e)
+        monkeypatch.setattr(s.runner, "forward", real)
+        b = next(r for r in s.outbox if r.rid == "b")
+        assert (b.finished_reason or {}).get("fault") == ("model_step" if fail else None)
+        assert seqs == [2] and s.running[0] is a  # b's chunk and a's decode token in one forward
+        while not a.finished:
+            s.step()
+        s.abort("", abort_all=True)
+        s.outbox.clear()
+        outs.append(list(a.output_ids))
+        assert idle(s)
+        s.kv.radix.flush()
+    assert len(outs[0]) == 12 and outs[0] == outs[1]
+
