@@ -69,7 +69,7 @@ class ServerArgs:
     max_total_tokens: int | None = None
     chunked_prefill_size: int | None = None  # None: 8192 on cuda, 512 on cpu; -1: no chunking
     max_prefill_tokens: int = 16384
-    enable_mixed_chunk: bool | None = None  # None: on without MTP (decode tokens ride on prefill chunks)
+    enable_mixed_chunk: bool | None = None  # None: off (as upstream); decode tokens ride on prefill chunks
     schedule_policy: str = "lpm"  # longest cached prefix first when the queue is long (aging prevents starvation)
     disable_radix_cache: bool = False
     sconv_checkpoint_interval: int | None = None  # None: DEFAULT_SCONV_CHECKPOINT_INTERVAL
@@ -174,7 +174,8 @@ class ServerArgs:
                        help="Most tokens in one prefill batch.")
         g.add_argument("--enable-mixed-chunk", action=argparse.BooleanOptionalAction, default=d.enable_mixed_chunk,
                        help="A step that prefills a chunk also decodes one token of every running request "
-                            "(within --chunked-prefill-size). Default: on, off with MTP (refused with it).")
+                            "(within --chunked-prefill-size); decode steps then run synchronously (no overlap "
+                            "scheduling). Default: off, as upstream; refused with MTP.")
         g.add_argument("--schedule-policy", choices=SCHEDULE_POLICIES, default=d.schedule_policy,
                        help="fcfs: arrival order; lpm: longest cached prefix first.")
         g.add_argument("--disable-radix-cache", action="store_true")
@@ -339,7 +340,7 @@ class ServerArgs:
                                              "a prefill chunk cannot carry; leave it unset (off with MTP)")
             self.enable_mixed_chunk = False
         elif self.enable_mixed_chunk is None:
-            self.enable_mixed_chunk = True
+            self.enable_mixed_chunk = False
 
         on_cuda = self.resolved_device() == "cuda"
         if self.attention_backend is None:

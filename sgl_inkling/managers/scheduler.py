@@ -133,12 +133,9 @@ class Scheduler(OverlapDecodeMixin, SamplingMixin, PrefillMixin, SpecDecodeMixin
 
     def step(self) -> None:
         self.step_reqs, self.step_allocs = [], {}
-        if self.waiting or self.partial:
-            # A prefill step, and the decode tokens riding on it (mixed chunks), start from committed
-            # tokens: an overlapped decode still in flight is read back first.
-            self.commit_pending()
-            if self.run_prefill():
-                return
+        if (self.waiting or self.partial) and self.run_prefill():
+            self.commit_pending()  # the prefill read its tokens back, so the pending decode's are there
+            return
         if self.running:
             self.run_decode()
 

@@ -21,7 +21,8 @@ nothing and its slots are freed with it. A request aborted while its token is in
 Synchronous instead (the pending step committed first): steps that need every token on the host,
 i.e. prefill / chunked-prefill steps (they read their first tokens back at once; the pending step is
 committed right after them), a decode step that must retract (the victim's tokens must be known),
-MTP (verify reads its acceptance back: overlap is off, logged at start), --disable-overlap-schedule.
+MTP (verify reads its acceptance back: overlap is off, logged at start), --enable-mixed-chunk (a
+mixed step's decode tokens are read on the host; overlap is off, logged), --disable-overlap-schedule.
 """
 
 from __future__ import annotations
@@ -55,9 +56,11 @@ class OverlapDecodeMixin:
 
     def init_overlap(self, server_args) -> None:
         wanted = not server_args.disable_overlap_schedule
-        self.overlap = wanted and server_args.speculative_algorithm is None
-        if wanted and not self.overlap:
+        self.overlap = wanted and server_args.speculative_algorithm is None and not server_args.enable_mixed_chunk
+        if wanted and server_args.speculative_algorithm is not None:
             logger.info("overlap scheduling is off: MTP verify steps run synchronously")
+        elif wanted and not self.overlap:  # a mixed step's riders read their last token on the host
+            logger.info("overlap scheduling is off: --enable-mixed-chunk runs decode steps synchronously")
         self.pending: PendingStep | None = None
         self.decode_steps = {"overlap_decode_steps": 0, "sync_decode_steps": 0}
 

@@ -87,7 +87,8 @@ class PrefillMixin:
         return True
 
     def _riders(self) -> list[Req]:
-        """The running requests whose next token rides on this step's prefill (none when not mixing)."""
+        """The running requests whose next token rides on this step's prefill (none when not mixing;
+        mixing turns overlap scheduling off, so every rider's last token is on the host)."""
         n = len(self.running)
         if not self.mixed_chunk or n == 0 or 2 * n > self.chunk_budget:
             return []

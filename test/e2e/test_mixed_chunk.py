@@ -8,9 +8,12 @@ import json
 import threading
 import time
 
+import pytest
 import requests
 
 from test.unit.helpers import random_prompt
+
+from .server import ServerProcess
 
 LONG = 1800  # four chunks of the CPU default (512 tokens per step)
 
@@ -34,9 +37,16 @@ def stream_arrivals(server, ids: list[int], max_new_tokens: int, out: list[float
                     counts.append(n)
 
 
+@pytest.fixture(scope="module")
+def server(tiny_path):
+    s = ServerProcess("--skip-server-warmup", "--enable-mixed-chunk")
+    yield s
+    s.stop()
+
+
 def test_decode_proceeds_while_a_long_prompt_prefills(server):
     st0 = server.internal_state()
-    assert st0["enable_mixed_chunk"] is True  # the default without MTP
+    assert st0["enable_mixed_chunk"] is True and st0["overlap_schedule"] is False  # mixing runs decode in sync
     arrivals: list[float] = []
     counts: list[int] = []
     decoder = threading.Thread(target=stream_arrivals, args=(server, random_prompt(8, seed=1), 400, arrivals, counts))

@@ -211,7 +211,8 @@ def test_aborts_mid_prefill_and_mid_decode(pair):
 
 
 def test_mixed_chunk_flag():
-    assert parse_server_args(["--device", "cpu"]).enable_mixed_chunk is True  # on by default
+    plain = parse_server_args(["--device", "cpu"])
+    assert plain.enable_mixed_chunk is False and not plain.disable_overlap_schedule  # off by default, as upstream
     assert parse_server_args(["--device", "cpu", "--enable-mixed-chunk"]).enable_mixed_chunk is True
     assert parse_server_args(["--device", "cpu", "--no-enable-mixed-chunk"]).enable_mixed_chunk is False
     mtp = ServerArgs(device="cpu", speculative_algorithm="MTP")
