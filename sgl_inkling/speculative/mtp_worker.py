@@ -13,6 +13,7 @@ pending token x_q and drafts d_1..d_K:
 Each depth is restored to its commit point afterwards, so after every step the trunk and all
 depths hold exactly the state of the accepted tokens. Drafts stay on the device (`draft_buf`, per
 request row) until the next verify reads them; a step reads back only the acceptance decisions.
+A step for which the adaptive chooser picks no drafts is a plain decode step instead (lagging.py).
 """
 
 from __future__ import annotations
@@ -27,12 +28,13 @@ from sgl_inkling.speculative.acceptance import greedy_accept, sample_accept
 from sgl_inkling.speculative.adaptive import StepCosts
 from sgl_inkling.speculative.draft_control import DraftControl
 from sgl_inkling.speculative.draft_step import DraftStep
+from sgl_inkling.speculative.lagging import LaggingDepths
 from sgl_inkling.speculative.levels import DepthChain, LevelSeq
 
 GRAPH_MAX_BS = 64  # larger speculative batches run eagerly (they are compute-bound anyway)
 
 
-class MTPWorker(DraftControl):
+class MTPWorker(DraftControl, LaggingDepths):
     def __init__(
         self,
         runner: ModelRunner,
@@ -66,6 +68,7 @@ class MTPWorker(DraftControl):
         self.chain = DepthChain(runner, num_steps, self.carry, depth_capture)
         self.draft_buf = torch.zeros(pool.size, num_steps, dtype=torch.int64, device=runner.device)
         self.step = DraftStep(runner, num_steps, self.carry, self.trunk_capture, depth_capture, self.draft_buf)
+        self._init_lagging(pool.size, cfg.hidden_size)  # k = 0 steps are plain decode steps (lagging.py)
         self.verify_graphs = self.draft_graphs = None
         # DraftStep pads every request to the longest case: worth it only where it replaces launch
         # overhead (CUDA graphs); the ragged DepthChain does less work everywhere else. Tests set it.
@@ -296,4 +299,6 @@ class MTPWorker(DraftControl):
             "spec_verify_cuda_graph": self.verify_graphs is not None,
             "spec_draft_cuda_graph": self.draft_graphs is not None,
             "spec_fixed_shape_draft_steps": self.num_fixed_shape_steps,
+            "spec_plain_decode_steps": self.num_plain_steps,
+            "spec_depth_catch_ups": self.num_catch_ups,
         }

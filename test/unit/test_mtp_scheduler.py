@@ -22,7 +22,7 @@ from sgl_inkling.sampling.sampling_batch_info import SamplingBatchInfo
 from sgl_inkling.sampling.sampling_params import SamplingParams
 from sgl_inkling.speculative.adaptive import StepCosts
 
-from .helpers import draftable_scheduler, random_prompt
+from .helpers import assert_same_level_state, draftable_scheduler, random_prompt
 
 
 @pytest.fixture(scope="module")
@@ -65,24 +65,7 @@ def test_state_after_rejections_equals_fresh_prefill(sched, draft_path):
     assert s.run_prefill()  # only b's prefill (and its first drafts): a does not move
     assert b.kv_len == q and a.kv_len == q
 
-    runner = s.runner
-    for layer, (sa, sb) in ((lay, (t[a.row], u[b.row])) for lay, ts in runner.sconv_pool.states.items()
-                            for t, u in zip(ts, ts)):  # fmt: skip
-        assert torch.equal(sa, sb), f"short-conv / carried state of layer {layer} differs"
-
-    cfg = runner.model.cfg
-    window = cfg.sliding_window_size
-    for attn in runner.model.attention_layers():
-        spec = attn.spec
-        depth = spec.layer_id - cfg.num_hidden_layers  # < 0 for trunk layers
-        first = max(0, depth + 1)  # depth d keeps no KV for tokens 0..d
-        if spec.sliding:
-            first = max(first, q - window + 1)
-        kind, pool = ("swa", runner.swa_pool) if spec.sliding else ("full", runner.full_pool)
-        sa = runner.req_to_token.read(kind, a.row, first, q)
-        sb = runner.req_to_token.read(kind, b.row, first, q)
-        kb, vb = pool.buffers(spec.layer_id)
-        assert torch.equal(kb[sa], kb[sb]) and torch.equal(vb[sa], vb[sb]), f"KV of layer {spec.layer_id}"
+    assert_same_level_state(s.runner, a.row, b.row, q)
     s.abort("", abort_all=True)
     assert s.kv.full.available == s.kv.full.num_slots and s.kv.swa.available == s.kv.swa.num_slots
 
@@ -174,7 +157,7 @@ def test_mtp_buffers_are_counted_in_pool_sizing(sched):
 
     w = sched.spec
     buffers = [t for caps in (*w.trunk_capture.values(), *w.chain.capture.values()) for t in caps]
-    allocated = sum(t.numel() * t.element_size() for t in [*buffers, w.carry, w.draft_buf])
+    allocated = sum(t.numel() * t.element_size() for t in [*buffers, w.carry, w.draft_buf, w.lag_ids, w.lag_hidden])
     assert allocated == sched.runner.sconv_pool.size * mtp_bytes_per_request(sched.runner.model, w.num_steps)
 
 
