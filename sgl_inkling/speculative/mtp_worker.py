@@ -31,8 +31,6 @@ from sgl_inkling.speculative.draft_step import DraftStep
 from sgl_inkling.speculative.lagging import LaggingDepths
 from sgl_inkling.speculative.levels import DepthChain, LevelSeq
 
-GRAPH_MAX_BS = 64  # larger speculative batches run eagerly (they are compute-bound anyway)
-
 
 class MTPWorker(DraftControl, LaggingDepths):
     def __init__(
@@ -79,9 +77,9 @@ class MTPWorker(DraftControl, LaggingDepths):
         widths = range(num_steps + 1, 0, -1) if adaptive else [num_steps + 1]
         if runner.graphs is not None:  # CUDA graphs on: verify and draft steps replay per batch bucket too
             from sgl_inkling.speculative.draft_graphs import DraftGraphRunner
-            from sgl_inkling.speculative.verify_graphs import VerifyGraphRunner
+            from sgl_inkling.speculative.verify_graphs import VerifyGraphRunner, graph_max_bs
 
-            max_bs = min(GRAPH_MAX_BS, runner.graphs.buckets[-1])
+            max_bs = graph_max_bs(runner, num_steps + 1)  # larger batches verify and draft eagerly
             graph_pool = torch.cuda.graph_pool_handle()  # one pool: a step's graphs run one after another
             self.verify_graphs = {r: VerifyGraphRunner(runner, r, self.trunk_capture, max_bs, graph_pool) for r in widths}
             self.draft_graphs = DraftGraphRunner(self.step, max_bs, [r - 1 for r in widths], graph_pool)
@@ -298,6 +296,7 @@ class MTPWorker(DraftControl, LaggingDepths):
             "avg_spec_accept_length": self.num_verify_tokens / steps if steps else 0.0,
             "spec_verify_cuda_graph": self.verify_graphs is not None,
             "spec_draft_cuda_graph": self.draft_graphs is not None,
+            "spec_cuda_graph_max_bs": self.draft_graphs.max_bs if self.draft_graphs is not None else 0,
             "spec_fixed_shape_draft_steps": self.num_fixed_shape_steps,
             "spec_plain_decode_steps": self.num_plain_steps,
             "spec_depth_catch_ups": self.num_catch_ups,

@@ -124,3 +124,18 @@ def test_adaptive_and_token_map_flags(monkeypatch):
     with pytest.raises((ServerArgsError, SystemExit)):
         parse_server_args(["--model-path", "x", "--speculative-token-map", "hot.pt"])  # needs MTP
 
+
+def test_speculative_graph_batches_follow_cuda_graph_max_bs_where_memory_allows():
+    from types import SimpleNamespace
+
+    from sgl_inkling.speculative.verify_graphs import LOGITS_MEMORY_SHARE, graph_max_bs
+
+    def runner(cap: int):
+        return SimpleNamespace(graphs=SimpleNamespace(buckets=[1, 8, cap]), model=SimpleNamespace(cfg=SimpleNamespace(vocab_size=1000)))
+
+    per_req = 9 * 1000 * 6  # 9 verify tokens of bf16 logits plus an fp32 temporary
+    room = lambda bs: int(bs * per_req / LOGITS_MEMORY_SHARE)  # noqa: E731
+    assert graph_max_bs(runner(256), 9, room(300)) == 256  # --cuda-graph-max-bs when it fits
+    assert graph_max_bs(runner(256), 9, room(100)) == 100  # else what fits
+    assert graph_max_bs(runner(256), 9, room(3)) == 64  # never below what the H200 slice captured
+    assert graph_max_bs(runner(32), 9, room(300)) == 32
