@@ -27,15 +27,17 @@ def prompt_logits(runner: SeqRunner, prompt: list[int]) -> torch.Tensor:
         runner.free(seq)
 
 
-def draftable_scheduler(tmp_path_factory, radix: bool = False):
-    """An in-process Scheduler with MTP on inkling-tiny-draftable (radix cache off unless asked): a
-    generator for module fixtures (`yield from`), closing its sockets after."""
+def draftable_scheduler(tmp_path_factory, radix: bool = False, **server_args):
+    """An in-process Scheduler with MTP on inkling-tiny-draftable (radix cache off unless asked; more
+    ServerArgs fields as keywords): a generator for module fixtures (`yield from`), closing its
+    sockets after."""
     from sgl_inkling.managers.scheduler import Scheduler
     from sgl_inkling.models.inkling.tiny_draftable import ensure_draftable_checkpoint
     from sgl_inkling.server_args import ServerArgs
 
     path = str(ensure_draftable_checkpoint())
-    args = ServerArgs(model_path=path, device="cpu", speculative_algorithm="MTP", disable_radix_cache=not radix)
+    args = ServerArgs(model_path=path, device="cpu", speculative_algorithm="MTP", disable_radix_cache=not radix,
+                      **server_args)  # fmt: skip
     args.check()
     d = tmp_path_factory.mktemp("zmq")
     s = Scheduler(args, path, f"ipc://{d}/in", f"ipc://{d}/out")

@@ -34,6 +34,11 @@ def cached(tmp_path_factory):
     yield from draftable_scheduler(tmp_path_factory, radix=True)
 
 
+@pytest.fixture(scope="module")
+def tight(tmp_path_factory):
+    yield from draftable_scheduler(tmp_path_factory, radix=True, max_total_tokens=180)
+
+
 def submit(s: Scheduler, rid: str, ids: list[int], **params):
     sp = SamplingParams.from_dict({"ignore_eos": True, "temperature": 0, **params})
     s.handle(TokenizedGenerateReq(rid=rid, input_ids=list(ids), sampling_params=sp))
@@ -131,6 +136,32 @@ def test_request_finishing_in_a_plain_step_caches_every_level(cached, sched, mon
     for s in (cached, sched):
         s.abort("", abort_all=True)
     assert at_baseline(sched)
+
+
+def test_retraction_while_the_depths_lag(tight, monkeypatch):
+    """Too little KV for the batch: requests are retracted (and cached) while plain steps run, and
+    resume from the cache; outputs stay the trunk's greedy ones and the pools drain."""
+    s = tight
+    force_picks(s, monkeypatch, [0, 0, 0, 0, 0, 0, 4])
+    prompts = [random_prompt(n, seed=90 + n) for n in (20, 22, 24, 26)]
+    reqs = [submit(s, f"t{i}", p, max_new_tokens=30) for i, p in enumerate(prompts)]
+    lags, real_retract = [], s.retract_one
+
+    def retract_spy():
+        lags.append(max(q.depth_lag for q in s.running))
+        real_retract()
+
+    monkeypatch.setattr(s, "retract_one", retract_spy)
+    plain_before = s.spec.num_plain_steps
+    while any(not r.finished for r in reqs):
+        step(s)
+    assert lags and max(lags) == 0, "caught up before every retraction (its cache entry covers every level)"
+    assert s.spec.num_plain_steps > plain_before
+    ref = SeqRunner(ModelRunner(s.runner.model, 2, 256, 1024))
+    for r, p in zip(reqs, prompts):
+        assert r.output_ids == ref.greedy(p, 30), r.rid
+    assert s.flush_cache().success
+    assert at_baseline(s)
 
 
 def test_plain_step_cost_is_timed_on_the_decode_step(sched, monkeypatch):
