@@ -251,10 +251,21 @@ class MTPWorker(DraftControl, LaggingDepths):
         b, r, dev = len(reqs), ids.shape[1], self.runner.device
         self.k = self.choose(sum(not q.finished for q in reqs))
         n = to_device(kept, torch.int64, dev)
-        if not self._draft_step_covers(reqs, starts):
-            self.step.restore(self.trunk_capture.items(), rows, n)
-            self.draft(reqs, starts, [hidden[i * r : i * r + k] for i, k in enumerate(kept)])
+        fixed = self._fixed_shape_rows(reqs, starts)
+        # The rest (grammar-constrained drafts, short prompts) drafts through the ragged chain, on its own.
+        ragged = [i for i in range(b) if i not in set(fixed)]
+        if ragged:
+            sub = to_device(ragged, torch.int64, dev) if fixed else slice(None)
+            self.step.restore(self.trunk_capture.items(), rows[sub], n[sub])
+            self.draft([reqs[i] for i in ragged], [starts[i] for i in ragged],
+                       [hidden[i * r : i * r + kept[i]] for i in ragged])  # fmt: skip
+        if not fixed:
             return
+        hidden = hidden.view(b, r, -1)
+        if ragged:
+            idx = to_device(fixed, torch.int64, dev)
+            rows, n, ids, hidden = rows[idx], n[idx], ids[idx], hidden[idx]
+        reqs, starts = [reqs[i] for i in fixed], [starts[i] for i in fixed]
         self._start_grammars(reqs)  # resets the per-step draft fields; no grammar constrains these drafts
         args = (
             rows,
@@ -263,7 +274,7 @@ class MTPWorker(DraftControl, LaggingDepths):
             to_device([0 if q.finished else 1 for q in reqs], torch.int64, dev),
             ids,
             to_device([0 if q.finished else q.fill_ids[q.kv_len] for q in reqs], torch.int64, dev),
-            hidden.view(b, r, -1),
+            hidden,
         )
         self.num_fixed_shape_steps += 1
         if self.draft_graphs is not None:
@@ -271,15 +282,25 @@ class MTPWorker(DraftControl, LaggingDepths):
         else:
             self.step.run(*args, host_start=starts, depths=self.k)
 
-    def _draft_step_covers(self, reqs: list[Req], starts: list[int]) -> bool:
-        """DraftStep covers the batch: it is on and fits the graphs, no grammar picks drafts, every
-        request is past the tokens the depths skip, and the padded tokens stay inside the tables."""
-        if not self.fixed_shapes or (self.draft_graphs is not None and len(reqs) > self.draft_graphs.max_bs):
-            return False
-        if any(q.grammar is not None and q.grammar.active and not q.finished for q in reqs):
-            return False
+    def _fixed_shape_rows(self, reqs: list[Req], starts: list[int]) -> list[int]:
+        """The requests DraftStep drafts (indices): with fixed shapes on, those no grammar drafts for,
+        past the tokens the depths skip and whose padded tokens stay inside the tables; none when
+        they outnumber the graphs' largest batch."""
+        if not self.fixed_shapes:
+            return []
         limit = self.runner.req_to_token.max_context_len
-        return min(starts) >= self.step.min_start() and max(self.step.max_token(s) for s in starts) < limit
+        out = [
+            i
+            for i, (q, s) in enumerate(zip(reqs, starts))
+            if not (q.grammar is not None and q.grammar.active and not q.finished)
+            and s >= self.step.min_start()
+            and self.step.max_token(s) < limit
+        ]
+        return [] if self.draft_graphs is not None and len(out) > self.draft_graphs.max_bs else out
+
+    def _draft_step_covers(self, reqs: list[Req], starts: list[int]) -> bool:
+        """DraftStep covers the whole batch (lagging.py's catch-up)."""
+        return len(self._fixed_shape_rows(reqs, starts)) == len(reqs)
 
     def stats(self) -> dict:
         steps = self.num_verify_steps

@@ -97,6 +97,46 @@ def test_fixed_shape_drafts_equal_the_ragged_chain(sched):
     assert s.kv.full.available == s.kv.full.num_slots and s.kv.swa.available == s.kv.swa.num_slots
 
 
+def test_grammar_requests_leave_the_rest_of_the_batch_on_the_fixed_shape_step(sched):
+    """A json_schema request drafts through the ragged chain (its grammar picks its drafts) while the
+    others of the batch stay on DraftStep: outputs, verify steps and accepted drafts equal the
+    all-ragged run's, the grammar's output parses, and DraftStep ran."""
+    import json
+
+    from sgl_inkling.constrained import native_grammar
+    from test.e2e.mtp_common import SCHEMA
+
+    s = sched
+    prompts = [random_prompt(n, seed=60 + n) for n in (14, 27, 33)]
+    schema = json.dumps(SCHEMA)
+
+    def run(fixed: bool) -> list[tuple]:
+        s.spec.configure(adaptive=False)
+        s.spec.fixed_shapes = fixed
+        reqs = [submit(s, f"gr{fixed}{i}", p, temperature=0, max_new_tokens=30) for i, p in enumerate(prompts[1:])]
+        sp = SamplingParams.from_dict({"temperature": 0, "max_new_tokens": 80, "json_schema": schema})
+        ids = prompts[0]
+        s.handle(TokenizedGenerateReq(rid=f"gj{fixed}", input_ids=ids, sampling_params=sp,
+                                      grammar=native_grammar(s.tokenizer, sp, ids)))  # fmt: skip
+        reqs.append(s.waiting[-1])
+        while any(not r.finished for r in reqs):
+            was = s.spec.num_fixed_shape_steps
+            step(s)
+            # Drafted for the next step while the grammar still constrains it:
+            fixed_while_constrained[fixed] += (s.spec.num_fixed_shape_steps - was) * (not reqs[-1].finished)
+        s.spec.fixed_shapes = False
+        assert reqs[-1].finished_reason["type"] == "stop", reqs[-1].finished_reason  # the grammar ended it
+        obj, _ = json.JSONDecoder().raw_decode(s.tokenizer.decode(reqs[-1].output_ids))  # then the end token
+        assert obj.keys() >= {"nm", "st"}
+        return [(r.output_ids, r.spec_verify_ct, r.spec_accepted_drafts) for r in reqs]
+
+    fixed_while_constrained = {False: 0, True: 0}
+    ragged = run(False)
+    assert run(True) == ragged
+    assert fixed_while_constrained == {False: 0, True: fixed_while_constrained[True]} and fixed_while_constrained[True] > 0
+    assert s.kv.full.available == s.kv.full.num_slots and s.kv.swa.available == s.kv.swa.num_slots
+
+
 def test_rejection_sampling_keeps_the_distribution(sched):
     """Three tokens at T=1 with top-k 3: the empirical distribution of the 27 sequences against the
     exact one computed from the trunk alone (13 forwards). The first token comes from the prefill,
