@@ -445,6 +445,8 @@ def main(argv: list[str] | None = None) -> dict:
                    "that the first d drafts are all accepted, d = 1..K (default: the public MTP8 curve)")
     p.add_argument("--mtp-adaptive-warmup", type=int, default=100,
                    help="untimed steps in which the adaptive run learns the acceptance curve")
+    p.add_argument("--mtp-adaptive-only", action="store_true",
+                   help="with --mtp: only the fixed k = 1..K and adaptive runs (skip the forced-length timings)")
     p.add_argument("--load-format", choices=("dummy",), default="dummy")
     p.add_argument("--quantization", choices=NVFP4_METHODS, default=None,
                    help="routed experts in NVFP4 (random codes and scales; W4A16 kernel on CUDA); default BF16")
@@ -476,7 +478,9 @@ def main(argv: list[str] | None = None) -> dict:
     if args.mtp:
         from benchmark import mtp_adaptive, mtp_timing
 
-        mtp = [mtp_timing.run_mtp(model, config.text, bsz, args, gen, sys.modules[__name__]) for bsz in args.batch_size]
+        if not args.mtp_adaptive_only:
+            mtp = [mtp_timing.run_mtp(model, config.text, bsz, args, gen, sys.modules[__name__])
+                   for bsz in args.batch_size]  # fmt: skip
         adaptive = [mtp_adaptive.run_adaptive(model, config.text, bsz, args, gen, sys.modules[__name__])
                     for bsz in args.batch_size]  # fmt: skip
 
@@ -519,6 +523,7 @@ def main(argv: list[str] | None = None) -> dict:
     print_table(runs)
     if mtp:
         print_mtp_table(mtp, runs)
+    if adaptive:
         mtp_adaptive.print_adaptive_table(adaptive, runs)
     print(f"wrote {out}")
     return result

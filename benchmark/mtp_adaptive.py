@@ -6,7 +6,10 @@ first d drafts are all accepted; each step draws every request's accepted count 
 (MTPWorker.forced_curve, a benchmark-only switch: with dummy weights no draft is ever right). Steps
 run as serving runs them: the verify of k + 1 tokens per request (its graph on CUDA, greedy rule
 with the forced counts inside), one read of the decisions, then the draft step for the next k (its
-graph per (bucket, k) on CUDA). The adaptive run starts from flat estimates (0.5 per depth), learns
+graph per (bucket, k) on CUDA). When the adaptive chooser picks k = 0 the step is the plain decode
+step (the decode graph of the bucket) and the depths lag, as in serving (speculative/lagging.py):
+their catch-up (every K + 1 plain steps, and drafting when a later step picks k > 0) is timed as
+that step's draft part. The adaptive run starts from flat estimates (0.5 per depth), learns
 the curve from its own steps (untimed warm-up) and picks k from the step costs MTPWorker measured
 at start-up. The 66-layer figure scales the verify's trunk part by 22 (3 slice layers -> 66; the
 LM head is counted once, at its bandwidth floor) and keeps the draft step as measured (the 8 MTP
@@ -59,8 +62,12 @@ def run_adaptive(model, cfg, bsz: int, args, gen, h) -> dict:
         k = worker.choose(bsz) if mode == "adaptive" else mode
         warm = args.warmup_steps + (args.mtp_adaptive_warmup if mode == "adaptive" else 0)
         verify_ms, draft_ms, tokens, ks = [], [], [], []
+        lag = [0]  # plain steps the depths are behind (the same for every sequence of the batch)
         for step in range(warm + args.decode_steps):
-            k_next, times, emitted = _step(worker, runner, seqs, clock, rand, k, mode, bsz)
+            if k == 0:
+                k_next, times, emitted = _plain_step(worker, runner, seqs, clock, rand, lag, bsz)
+            else:
+                k_next, times, emitted = _step(worker, runner, seqs, clock, rand, k, mode, bsz)
             if step >= warm:
                 verify_ms.append(times[0])
                 draft_ms.append(times[1])
@@ -143,6 +150,39 @@ def _step(worker: MTPWorker, runner, seqs, clock, rand, k: int, mode, bsz: int) 
     e = clock.mark()
     clock.sync()
     return k_next, (clock.ms(a, b), clock.ms(c, e)), statistics.fmean(kept)
+
+
+def _plain_step(worker: MTPWorker, runner, seqs, clock, rand, lag: list[int], bsz: int) -> tuple[int, tuple, float]:
+    """k = 0: one plain decode step; the depths catch up when their buffers are full (before the
+    step) or when the next step drafts (after it). Returns what _step does."""
+    dev, cap = runner.device, worker.lag_capacity
+    rows = torch.tensor(seqs.rows, device=dev)
+    a = clock.mark()
+    if lag[0] == cap:
+        _catch_up(worker, seqs, rows, lag, 0, rand, bsz)
+    b = clock.mark()
+    fb = seqs.batch(rand(1))  # one token per sequence: a decode batch (its graph on CUDA)
+    out = runner.forward(fb)
+    c = clock.mark()
+    worker.lag_ids[rows, lag[0]] = fb.input_ids
+    worker.lag_hidden[rows, lag[0]] = out.hidden.float()
+    lag[0] += 1
+    k_next = worker.choose(bsz)
+    d = clock.mark()
+    if k_next:
+        _catch_up(worker, seqs, rows, lag, k_next, rand, bsz)
+    e = clock.mark()
+    clock.sync()
+    return k_next, (clock.ms(b, c), clock.ms(a, b) + clock.ms(d, e)), 1.0
+
+
+def _catch_up(worker: MTPWorker, seqs, rows, lag: list[int], k: int, rand, bsz: int) -> None:
+    """The depths consume the lagged tokens, then draft k (slots for the pending token and drafts)."""
+    lens = list(seqs.lens)
+    seqs.extra_slots(lens, 0, worker.num_steps + 1)
+    starts = [n - lag[0] for n in lens]
+    worker.catch_up_rows(rows, starts, [lag[0]] * bsz, [1] * bsz, [t[0] for t in rand(1)], k)
+    lag[0] = 0
 
 
 def print_adaptive_table(results: list[dict], runs: list[dict]) -> None:

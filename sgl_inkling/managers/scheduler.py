@@ -211,6 +211,7 @@ class Scheduler(OverlapDecodeMixin, SamplingMixin, PrefillMixin, SpecDecodeMixin
 
     def finish(self, req: Req, reason: dict) -> None:
         req.finished_reason = reason
+        self.settle_depths(req)  # MTP: depths behind plain decode steps catch up before the cache takes the state
         self.kv.cache_prefix(req)  # multi-turn continuations resume at the end of this request
         self.kv.free(req)
         self.num_finished += 1

@@ -37,6 +37,9 @@ class SpecDecodeMixin:
                 self.spec.draft(live, [r.kv_len for r in live], [empty] * len(live))
 
     def run_spec_decode(self) -> None:
+        if self.spec.k == 0:  # the chooser picked no drafts: a plain decode step
+            self.run_plain_mtp_step()
+            return
         r = self.spec.num_steps + 1
         # A step commits up to r tokens per request and then holds r new slots for the next one.
         if not self.make_room(r):
@@ -94,6 +97,63 @@ class SpecDecodeMixin:
             else:
                 self.outbox.append(req)
         self.running = [q for q in self.running if not q.finished]
+
+    def run_plain_mtp_step(self) -> None:
+        """The plain decode step (the decode graph of the bucket): no drafts, no verify. The depths
+        lag and catch up later (speculative/lagging.py): here, for requests whose lag buffer is
+        full, for all of them when the chooser then picks k > 0 (drafting k from the pending token),
+        and in finish for a request leaving (Scheduler.finish calls settle_depths)."""
+        spec, r = self.spec, self.spec.num_steps + 1
+        self.step_reqs = list(self.running)
+        due = [q for q in self.running if q.depth_lag >= spec.lag_capacity]
+        n = len(self.running)
+        if not self.kv.ensure(n, n):  # make_room will retract, and the radix tree caches what it retracts
+            due = [q for q in self.running if q.depth_lag]
+        self._catch_up(due, 0)
+        if not self.make_room(1):  # each request's token goes to its first reserved slot; one more is held after
+            return
+        reqs = self.step_reqs = list(self.running)
+        rows = self.kv.rows
+        fb = ForwardBatch.build(
+            ForwardMode.DECODE,
+            [[q.fill_ids[q.kv_len]] for q in reqs],
+            [q.row for q in reqs],
+            [q.kv_len for q in reqs],
+            torch.cat([rows.read("full", q.row, q.kv_len, q.kv_len + 1) for q in reqs]).tolist(),
+            torch.cat([rows.read("swa", q.row, q.kv_len, q.kv_len + 1) for q in reqs]).tolist(),
+            self.runner.device,
+        )
+        with model_step():
+            out = self.runner.forward(fb)
+            spec.record_plain(reqs, fb.input_ids, out.hidden)
+        for q in reqs:
+            q.kv_len += 1
+            q.kv_reserved -= 1
+        self.sample_and_advance(reqs, out.logits)  # the plain sampler: grammar masks, penalties, logprobs
+        live = [q for q in reqs if not q.finished]
+        for q in live:
+            if not self.kv.reserve(q, r):  # ensured above: cannot happen
+                raise RuntimeError("the KV slot for the next step vanished after ensure()")
+        k = spec.choose(len(live))
+        self._catch_up(live if k else [], k)
+        self.running = [q for q in self.running if not q.finished]
+
+    def _catch_up(self, reqs: list[Req], k: int) -> None:
+        with model_step():
+            self.spec.catch_up(reqs, k)
+        for q in reqs:
+            self.kv.release_window(q)  # held while the depths lagged: they read the lagged tokens' window
+
+    def settle_depths(self, req: Req) -> None:
+        """Before the radix tree caches a leaving request's state: a checkpoint covers every level,
+        so depths still behind plain decode steps consume the lagged tokens first."""
+        if self.spec is None or not req.depth_lag or req.row is None:
+            return
+        if self.kv.radix is None:  # nothing is cached: the lag dies with the request
+            req.depth_lag = 0
+            return
+        with model_step():
+            self.spec.catch_up([req], 0)
 
     def _append_token(self, req: Req, tok: int, raw_row: torch.Tensor | None) -> None:
         req.output_ids.append(tok)

@@ -3,8 +3,8 @@
 A step that drafts k tokens emits 1 + a_1 + ... + a_k tokens on average, where a_d is the chance
 that the first d drafts are all accepted (a_d = c_1 * ... * c_d for the per-depth acceptance rates
 c_d = P(draft d accepted | drafts 1..d-1 accepted)), and costs the verify of k + 1 tokens plus the
-draft step that produced the k drafts. The chooser maximises tokens per second; k = 0 verifies only
-the pending token (a plain decode step, the depths still consume it so they stay current).
+draft step that produced the k drafts. The chooser maximises tokens per second; k = 0 is a plain
+decode step (the decode graph; the depths lag and catch up later, lagging.py).
 
 The rates are running estimates (exponentially weighted per batch) from the verify decisions; the
 costs are a table per batch bucket measured at start-up (step_costs.py). A depth that is never

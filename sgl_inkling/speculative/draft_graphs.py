@@ -1,4 +1,6 @@
-"""DraftStep replayed from CUDA graphs, one per batch-size bucket and number of drafting depths.
+"""DraftStep replayed from CUDA graphs, one per batch-size bucket and number of drafting depths,
+plus one per bucket for the trunk's rollback (DraftStep.restore_trunk), replayed before the draft
+graph after a verify and left out when the depths catch up after plain decode steps (lagging.py).
 
 Padded requests use the runner's reserved row: no drafts wanted (live 0), one kept token, a start
 past the tokens depths skip; their KV goes to the padding slot 0 and their conv and carried state
@@ -32,6 +34,7 @@ class DraftGraphRunner:
         self._pad(0, n)
         self.depths = sorted(depths if depths is not None else [step.k], reverse=True)
         self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
+        self.restore_graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.eager = not capture
         if not capture:
             return
@@ -39,6 +42,7 @@ class DraftGraphRunner:
         for bs in reversed(self.buckets):
             for k in self.depths:
                 self.graphs[bs, k], _ = capture_graph(lambda bs=bs, k=k: self.run(bs, k), self.pool)
+            self.restore_graphs[bs], _ = capture_graph(lambda bs=bs: self.restore(bs), self.pool)
 
     @property
     def max_bs(self) -> int:
@@ -52,13 +56,17 @@ class DraftGraphRunner:
         s["live"][lo:hi] = 0
 
     def run(self, bs: int, depths: int) -> None:
-        """The step on the static inputs of bucket bs (what a graph holds)."""
+        """The step on the static inputs of bucket bs, the trunk's rollback left out (what a graph holds)."""
         s = self.static
         host = [self.step.min_start()] * bs if self.eager else None  # for the reference backend's loops
         args = (s[f][:bs] for f in ("rows", "start", "n", "live", "ids", "pending", "hidden"))
-        self.step.run(*args, host_start=host, depths=depths)
+        self.step.run(*args, host_start=host, depths=depths, restore_trunk=False)
 
-    def replay(self, rows, start, n, live, ids, pending, hidden, depths: int) -> None:
+    def restore(self, bs: int) -> None:
+        """The trunk's rollback on the static inputs of bucket bs."""
+        self.step.restore_trunk(self.static["rows"][:bs], self.static["n"][:bs])
+
+    def replay(self, rows, start, n, live, ids, pending, hidden, depths: int, restore_trunk: bool = True) -> None:
         """Same arguments as DraftStep.run (device tensors, batch size <= max_bs, ids and hidden
         of any verify width <= K + 1)."""
         bs = rows.shape[0]
@@ -71,4 +79,6 @@ class DraftGraphRunner:
         s["hidden"][:bs, :r].copy_(hidden)
         if bucket > bs:
             self._pad(bs, bucket)
+        if restore_trunk:
+            self.restore_graphs[bucket].replay()
         self.graphs[bucket, depths].replay()

@@ -10,6 +10,8 @@ drafts + 1; fewer when the request finished), with pending token p (the trunk's 
    real token give draft d + 1, which becomes a real token of depth d + 1;
 3. each depth's conv state is restored to its commit point (after the n committed tokens) and its
    carried input becomes the lower level's output for token q + n - 1.
+The same step catches the depths up after plain decode steps (lagging.py): the tokens the trunk
+consumed there stand for the kept ones, and the trunk is not restored (step 1 skipped).
 This is the same computation as levels.DepthChain for the step (which the eager paths use: prefill,
 grammar-constrained drafts), arranged so that no count reaches the host: the drafts land in
 `draft_buf[row]`, where the next verify reads them.
@@ -51,11 +53,13 @@ class DraftStep:
         hidden: torch.Tensor,  # [B, r, H] trunk outputs of the verified tokens
         host_start: list[int] | None = None,  # `start` on the host, for the reference backend's loops
         depths: int | None = None,  # depths that draft (default K); the others only consume the kept tokens
+        restore_trunk: bool = True,  # False: the trunk is already past the n tokens (plain steps' catch-up)
     ) -> None:
         k, b = self.k, rows.shape[0]
         depths = k if depths is None else depths
         dev = rows.device
-        self.restore(self.trunk_capture.items(), rows, n)
+        if restore_trunk:
+            self.restore_trunk(rows, n)
         if ids.shape[1] < k + 1:  # a shorter verify: pad to K + 1 (never real: n <= r)
             ids = torch.nn.functional.pad(ids, (0, k + 1 - ids.shape[1]))
             hidden = torch.nn.functional.pad(hidden, (0, 0, 0, k + 1 - hidden.shape[1]))
@@ -108,6 +112,10 @@ class DraftStep:
         best = logits.float().argmax(-1)
         vocab = self.runner.model.draft_vocab
         return best if vocab is None else vocab[best]
+
+    def restore_trunk(self, rows: torch.Tensor, n: torch.Tensor) -> None:
+        """The trunk's conv state after the first n[i] tokens of the verify."""
+        self.restore(self.trunk_capture.items(), rows, n)
 
     def restore(self, layers, rows: torch.Tensor, n: torch.Tensor) -> None:
         """Each layer's conv state after the first n[i] tokens of its captured window."""

@@ -13,6 +13,7 @@ pending token x_q and drafts d_1..d_K:
 Each depth is restored to its commit point afterwards, so after every step the trunk and all
 depths hold exactly the state of the accepted tokens. Drafts stay on the device (`draft_buf`, per
 request row) until the next verify reads them; a step reads back only the acceptance decisions.
+A step for which the adaptive chooser picks no drafts is a plain decode step instead (lagging.py).
 """
 
 from __future__ import annotations
@@ -27,12 +28,11 @@ from sgl_inkling.speculative.acceptance import greedy_accept, sample_accept
 from sgl_inkling.speculative.adaptive import StepCosts
 from sgl_inkling.speculative.draft_control import DraftControl
 from sgl_inkling.speculative.draft_step import DraftStep
+from sgl_inkling.speculative.lagging import LaggingDepths
 from sgl_inkling.speculative.levels import DepthChain, LevelSeq
 
-GRAPH_MAX_BS = 64  # larger speculative batches run eagerly (they are compute-bound anyway)
 
-
-class MTPWorker(DraftControl):
+class MTPWorker(DraftControl, LaggingDepths):
     def __init__(
         self,
         runner: ModelRunner,
@@ -66,6 +66,7 @@ class MTPWorker(DraftControl):
         self.chain = DepthChain(runner, num_steps, self.carry, depth_capture)
         self.draft_buf = torch.zeros(pool.size, num_steps, dtype=torch.int64, device=runner.device)
         self.step = DraftStep(runner, num_steps, self.carry, self.trunk_capture, depth_capture, self.draft_buf)
+        self._init_lagging(pool.size, cfg.hidden_size)  # k = 0 steps are plain decode steps (lagging.py)
         self.verify_graphs = self.draft_graphs = None
         # DraftStep pads every request to the longest case: worth it only where it replaces launch
         # overhead (CUDA graphs); the ragged DepthChain does less work everywhere else. Tests set it.
@@ -76,9 +77,9 @@ class MTPWorker(DraftControl):
         widths = range(num_steps + 1, 0, -1) if adaptive else [num_steps + 1]
         if runner.graphs is not None:  # CUDA graphs on: verify and draft steps replay per batch bucket too
             from sgl_inkling.speculative.draft_graphs import DraftGraphRunner
-            from sgl_inkling.speculative.verify_graphs import VerifyGraphRunner
+            from sgl_inkling.speculative.verify_graphs import VerifyGraphRunner, graph_max_bs
 
-            max_bs = min(GRAPH_MAX_BS, runner.graphs.buckets[-1])
+            max_bs = graph_max_bs(runner, num_steps + 1)  # larger batches verify and draft eagerly
             graph_pool = torch.cuda.graph_pool_handle()  # one pool: a step's graphs run one after another
             self.verify_graphs = {r: VerifyGraphRunner(runner, r, self.trunk_capture, max_bs, graph_pool) for r in widths}
             self.draft_graphs = DraftGraphRunner(self.step, max_bs, [r - 1 for r in widths], graph_pool)
@@ -250,10 +251,21 @@ class MTPWorker(DraftControl):
         b, r, dev = len(reqs), ids.shape[1], self.runner.device
         self.k = self.choose(sum(not q.finished for q in reqs))
         n = to_device(kept, torch.int64, dev)
-        if not self._draft_step_covers(reqs, starts):
-            self.step.restore(self.trunk_capture.items(), rows, n)
-            self.draft(reqs, starts, [hidden[i * r : i * r + k] for i, k in enumerate(kept)])
+        fixed = self._fixed_shape_rows(reqs, starts)
+        # The rest (grammar-constrained drafts, short prompts) drafts through the ragged chain, on its own.
+        ragged = [i for i in range(b) if i not in set(fixed)]
+        if ragged:
+            sub = to_device(ragged, torch.int64, dev) if fixed else slice(None)
+            self.step.restore(self.trunk_capture.items(), rows[sub], n[sub])
+            self.draft([reqs[i] for i in ragged], [starts[i] for i in ragged],
+                       [hidden[i * r : i * r + kept[i]] for i in ragged])  # fmt: skip
+        if not fixed:
             return
+        hidden = hidden.view(b, r, -1)
+        if ragged:
+            idx = to_device(fixed, torch.int64, dev)
+            rows, n, ids, hidden = rows[idx], n[idx], ids[idx], hidden[idx]
+        reqs, starts = [reqs[i] for i in fixed], [starts[i] for i in fixed]
         self._start_grammars(reqs)  # resets the per-step draft fields; no grammar constrains these drafts
         args = (
             rows,
@@ -262,7 +274,7 @@ class MTPWorker(DraftControl):
             to_device([0 if q.finished else 1 for q in reqs], torch.int64, dev),
             ids,
             to_device([0 if q.finished else q.fill_ids[q.kv_len] for q in reqs], torch.int64, dev),
-            hidden.view(b, r, -1),
+            hidden,
         )
         self.num_fixed_shape_steps += 1
         if self.draft_graphs is not None:
@@ -270,15 +282,25 @@ class MTPWorker(DraftControl):
         else:
             self.step.run(*args, host_start=starts, depths=self.k)
 
-    def _draft_step_covers(self, reqs: list[Req], starts: list[int]) -> bool:
-        """DraftStep covers the batch: it is on and fits the graphs, no grammar picks drafts, every
-        request is past the tokens the depths skip, and the padded tokens stay inside the tables."""
-        if not self.fixed_shapes or (self.draft_graphs is not None and len(reqs) > self.draft_graphs.max_bs):
-            return False
-        if any(q.grammar is not None and q.grammar.active and not q.finished for q in reqs):
-            return False
+    def _fixed_shape_rows(self, reqs: list[Req], starts: list[int]) -> list[int]:
+        """The requests DraftStep drafts (indices): with fixed shapes on, those no grammar drafts for,
+        past the tokens the depths skip and whose padded tokens stay inside the tables; none when
+        they outnumber the graphs' largest batch."""
+        if not self.fixed_shapes:
+            return []
         limit = self.runner.req_to_token.max_context_len
-        return min(starts) >= self.step.min_start() and max(self.step.max_token(s) for s in starts) < limit
+        out = [
+            i
+            for i, (q, s) in enumerate(zip(reqs, starts))
+            if not (q.grammar is not None and q.grammar.active and not q.finished)
+            and s >= self.step.min_start()
+            and self.step.max_token(s) < limit
+        ]
+        return [] if self.draft_graphs is not None and len(out) > self.draft_graphs.max_bs else out
+
+    def _draft_step_covers(self, reqs: list[Req], starts: list[int]) -> bool:
+        """DraftStep covers the whole batch (lagging.py's catch-up)."""
+        return len(self._fixed_shape_rows(reqs, starts)) == len(reqs)
 
     def stats(self) -> dict:
         steps = self.num_verify_steps
@@ -295,5 +317,8 @@ class MTPWorker(DraftControl):
             "avg_spec_accept_length": self.num_verify_tokens / steps if steps else 0.0,
             "spec_verify_cuda_graph": self.verify_graphs is not None,
             "spec_draft_cuda_graph": self.draft_graphs is not None,
+            "spec_cuda_graph_max_bs": self.draft_graphs.max_bs if self.draft_graphs is not None else 0,
             "spec_fixed_shape_draft_steps": self.num_fixed_shape_steps,
+            "spec_plain_decode_steps": self.num_plain_steps,
+            "spec_depth_catch_ups": self.num_catch_ups,
         }

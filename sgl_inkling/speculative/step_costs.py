@@ -1,10 +1,13 @@
 """Start-up measurement of what a speculative step costs, per batch bucket and number of drafts.
 
-A step with k drafts is the verify of k + 1 tokens per request plus the draft step that produced
-the k drafts (k depths drafting, the rest consuming the kept tokens only). On CUDA both come from
-the serving graphs just captured, replayed on their padded inputs (the reserved row, the padding
-KV slot) with random token ids, so the figures are what serving replays. Without graphs (benchmark
-smoke runs) the same padded steps run eagerly.
+A step with k >= 1 drafts is the verify of k + 1 tokens per request, the trunk's rollback and the
+draft step that produced the k drafts (k depths drafting, the rest consuming the kept tokens only).
+A step with k = 0 is a plain decode step (the decode graph of the bucket) plus its share of the
+depths' catch-up: after K + 1 plain steps in a row the depths consume those tokens in one
+non-drafting draft step (lagging.py). On CUDA everything comes from the serving graphs just
+captured, replayed on their padded inputs (the reserved row, the padding KV slot) with random token
+ids, so the figures are what serving replays. Without graphs (benchmark smoke runs) the same padded
+steps run eagerly.
 """
 
 from __future__ import annotations
@@ -15,6 +18,8 @@ from collections.abc import Callable
 
 import torch
 
+from sgl_inkling.model_executor.cuda_graph_runner import bucket_for
+from sgl_inkling.model_executor.forward_batch import ForwardBatch, ForwardMode
 from sgl_inkling.speculative.adaptive import StepCosts
 from sgl_inkling.speculative.draft_graphs import DraftGraphRunner
 from sgl_inkling.speculative.verify_graphs import VerifyGraphRunner
@@ -54,8 +59,12 @@ def measure_step_costs(worker, reps: int = 5) -> StepCosts:
         verify = worker.verify_graphs
         draft = worker.draft_graphs
         buckets = draft.buckets
+        decode = runner.graphs
         timed_verify = {r: (lambda bs, g=g: g.graphs[bs].replay()) for r, g in verify.items()}
         timed_draft = lambda bs, k: draft.graphs[bs, k].replay()  # noqa: E731
+        timed_restore = lambda bs: draft.restore_graphs[bs].replay()  # noqa: E731
+        timed_plain = lambda bs: decode.graphs[bucket_for(decode.buckets, bs)].replay()  # noqa: E731
+        statics = [g.static["input_ids"] for g in verify.values()] + [decode.static["input_ids"]]
     else:
         buckets = list(EAGER_BUCKETS)
         max_bs = buckets[-1]
@@ -63,20 +72,28 @@ def measure_step_costs(worker, reps: int = 5) -> StepCosts:
             r: VerifyGraphRunner(runner, r, worker.trunk_capture, max_bs, graphs=False) for r in range(1, k_max + 2)
         }
         draft = DraftGraphRunner(worker.step, max_bs, depths=range(k_max + 1), capture=False)
+        pad = runner.req_to_token.pad_row
+        plain = {bs: ForwardBatch.build(ForwardMode.DECODE, [[0]] * bs, [pad] * bs, [0] * bs, [0] * bs, [0] * bs, dev)
+                 for bs in buckets}  # fmt: skip
         timed_verify = {r: (lambda bs, g=g: g.step(bs)) for r, g in eager_verify.items()}
-        timed_draft = draft.run
+        timed_draft, timed_restore = draft.run, draft.restore
+        timed_plain = lambda bs: runner.forward_eager(plain[bs])  # noqa: E731
+        statics = [g.static["input_ids"] for g in eager_verify.values()] + [b.input_ids for b in plain.values()]
         reps = min(reps, 2)
     vocab = runner.model.cfg.unpadded_vocab_size
-    statics = [g.static["input_ids"] for g in (verify.values() if worker.verify_graphs else eager_verify.values())]
     for ids in statics:
         _random_ids(ids, vocab)
     costs = {}
     with torch.no_grad():
         for bs in buckets:
-            costs[bs] = [
+            catch_up = _seconds(lambda bs=bs: timed_draft(bs, 0), reps, dev)
+            restore = _seconds(lambda bs=bs: timed_restore(bs), reps, dev)
+            plain_step = _seconds(lambda bs=bs: timed_plain(bs), reps, dev) + catch_up / (k_max + 1)
+            costs[bs] = [plain_step] + [
                 _seconds(lambda bs=bs, k=k: timed_verify[k + 1](bs), reps, dev)
+                + restore
                 + _seconds(lambda bs=bs, k=k: timed_draft(bs, k), reps, dev)
-                for k in range(k_max + 1)
+                for k in range(1, k_max + 1)
             ]
     for ids in statics:
         ids.zero_()  # as captured: serving rewrites the real rows and zeroes the padding

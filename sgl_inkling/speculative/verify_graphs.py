@@ -26,6 +26,25 @@ _PER_REQ = ("req_pool_indices", "prefix_lens")
 _ACCEPT = ("limits", "forced")  # per request: most drafts it may accept; forced count or -1
 
 
+# Share of the device memory free at capture time that the widest verify's logits may take (the
+# rest: the draft graphs, activations, and what serving allocates later).
+LOGITS_MEMORY_SHARE = 0.5
+KNOWN_GOOD_BS = 64  # captured on the H200 slice with its pools sized by default (one shared pool)
+
+
+def graph_max_bs(runner, tokens_per_req: int, free_bytes: int | None = None) -> int:
+    """The largest speculative batch replayed from graphs: the decode graphs' (--cuda-graph-max-bs),
+    cut to what memory allows above KNOWN_GOOD_BS. The graphs share one pool whose size the largest
+    bucket sets; its widest verify keeps tokens_per_req x vocabulary logits per request (bf16, plus
+    an fp32 temporary of the same shape counted as headroom)."""
+    cap = runner.graphs.buckets[-1]
+    if free_bytes is None:
+        free_bytes = torch.cuda.mem_get_info(runner.device)[0]
+    per_req = tokens_per_req * runner.model.cfg.vocab_size * (2 + 4)
+    fits = int(LOGITS_MEMORY_SHARE * free_bytes) // per_req
+    return min(cap, max(KNOWN_GOOD_BS, fits))
+
+
 class VerifyGraphRunner:
     def __init__(self, runner, tokens_per_req: int, capture: dict, max_bs: int, pool=None, graphs: bool = True):
         self.runner = runner

@@ -69,6 +69,9 @@ def _check_model(label: str, path: str, jobs: dict, exact: bool, **server) -> No
             REPORT[case]["verify_steps"] = info["spec_verify_steps"]
             REPORT[case]["draft_steps_by_k"] = info["spec_draft_steps_by_k"]  # adaptive (default on)
             REPORT[case]["step_costs"] = info["spec_step_costs"]  # measured from the graphs at start-up
+            REPORT[case]["plain_decode_steps"] = info["spec_plain_decode_steps"]  # k = 0: the decode graph
+            REPORT[case]["depth_catch_ups"] = info["spec_depth_catch_ups"]
+            REPORT[case]["spec_cuda_graph_max_bs"] = info["spec_cuda_graph_max_bs"]
         assert info["spec_verify_cuda_graph"], "CUDA graphs are on by default: verify must replay from them"
         assert info["spec_draft_cuda_graph"] and info["spec_fixed_shape_draft_steps"] > 0, "draft steps must replay too"
         for g in got.get("json_schema", []):

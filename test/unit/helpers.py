@@ -27,18 +27,44 @@ def prompt_logits(runner: SeqRunner, prompt: list[int]) -> torch.Tensor:
         runner.free(seq)
 
 
-def draftable_scheduler(tmp_path_factory):
-    """An in-process Scheduler with MTP on inkling-tiny-draftable (radix cache off): a generator for
-    module fixtures (`yield from`), closing its sockets after."""
+def draftable_scheduler(tmp_path_factory, radix: bool = False, **server_args):
+    """An in-process Scheduler with MTP on inkling-tiny-draftable (radix cache off unless asked; more
+    ServerArgs fields as keywords): a generator for module fixtures (`yield from`), closing its
+    sockets after."""
     from sgl_inkling.managers.scheduler import Scheduler
     from sgl_inkling.models.inkling.tiny_draftable import ensure_draftable_checkpoint
     from sgl_inkling.server_args import ServerArgs
 
     path = str(ensure_draftable_checkpoint())
-    args = ServerArgs(model_path=path, device="cpu", speculative_algorithm="MTP", disable_radix_cache=True)
+    args = ServerArgs(model_path=path, device="cpu", speculative_algorithm="MTP", disable_radix_cache=not radix,
+                      **server_args)  # fmt: skip
     args.check()
     d = tmp_path_factory.mktemp("zmq")
     s = Scheduler(args, path, f"ipc://{d}/in", f"ipc://{d}/out")
     yield s
     s.recv_sock.close(0)
     s.send_sock.close(0)
+
+
+def assert_same_level_state(runner, row_a: int, row_b: int, q: int, runner_b=None) -> None:
+    """Two request rows that consumed the same q tokens hold the same state at every level: short-conv
+    and carried state of every layer, KV of every attention layer (trunk and MTP depths) that a
+    later token can read. runner_b: row_b lives in another runner of the same model."""
+    rb = runner_b or runner
+    for layer, ts in runner.sconv_pool.states.items():
+        for t, u in zip(ts, rb.sconv_pool.states[layer]):
+            assert torch.equal(t[row_a], u[row_b]), f"short-conv / carried state of layer {layer} differs"
+    cfg = runner.model.cfg
+    window = cfg.sliding_window_size
+    for attn in runner.model.attention_layers():
+        spec = attn.spec
+        depth = spec.layer_id - cfg.num_hidden_layers  # < 0 for trunk layers
+        first = max(0, depth + 1)  # depth d keeps no KV for tokens 0..d
+        if spec.sliding:
+            first = max(first, q - window + 1)
+        kind = "swa" if spec.sliding else "full"
+        sa = runner.req_to_token.read(kind, row_a, first, q)
+        sb = rb.req_to_token.read(kind, row_b, first, q)
+        ka, va = (runner.swa_pool if spec.sliding else runner.full_pool).buffers(spec.layer_id)
+        kb, vb = (rb.swa_pool if spec.sliding else rb.full_pool).buffers(spec.layer_id)
+        assert torch.equal(ka[sa], kb[sb]) and torch.equal(va[sa], vb[sb]), f"KV of layer {spec.layer_id}"

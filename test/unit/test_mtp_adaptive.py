@@ -52,6 +52,8 @@ def test_chooser_picks_what_brute_force_says_is_fastest():
         # Costs shaped like real steps: a base, a per-token verify growth, per-depth draft cost, noise.
         base, per_tok, per_depth = 1.0, rng.uniform(0, 0.8), rng.uniform(0, 0.4)
         costs = [base + (per_tok + per_depth) * k * rng.uniform(0.9, 1.1) for k in range(depths + 1)]
+        if rng.random() < 0.5:  # k = 0 is a plain decode step: often much cheaper than any verify
+            costs[0] = base * rng.uniform(0.2, 1.0)
         want, speeds = brute_force_best(rates, costs)
         got = choose_k(rates, costs)
         assert speeds[got] == pytest.approx(speeds[want], rel=1e-9), (rates, costs, got, want)
@@ -63,6 +65,8 @@ def test_chooser_extremes():
     assert choose_k([0.0] * 8, [1.0 + 0.1 * k for k in range(9)]) == 0  # drafts never right: plain decode
     assert choose_k([1.0] * 8, [1.0 + 0.1 * k for k in range(9)]) == 8  # always right, cheap: all of them
     assert choose_k([0.9] * 8, [1.0] * 9) == 8  # free drafts are always worth it
+    # A wide batch where verifying costs far more than a plain decode step: no k pays on the public curve.
+    assert choose_k(conditional_rates(PUBLIC_MTP8_CURVE), [1.0] + [2.0 + 0.6 * k for k in range(1, 9)]) == 0
 
 
 def test_tracker_measures_conditional_rates():
@@ -119,3 +123,19 @@ def test_adaptive_and_token_map_flags(monkeypatch):
     assert not a.speculative_adaptive and a.speculative_token_map == "hot.pt"
     with pytest.raises((ServerArgsError, SystemExit)):
         parse_server_args(["--model-path", "x", "--speculative-token-map", "hot.pt"])  # needs MTP
+
+
+def test_speculative_graph_batches_follow_cuda_graph_max_bs_where_memory_allows():
+    from types import SimpleNamespace
+
+    from sgl_inkling.speculative.verify_graphs import LOGITS_MEMORY_SHARE, graph_max_bs
+
+    def runner(cap: int):
+        return SimpleNamespace(graphs=SimpleNamespace(buckets=[1, 8, cap]), model=SimpleNamespace(cfg=SimpleNamespace(vocab_size=1000)))
+
+    per_req = 9 * 1000 * 6  # 9 verify tokens of bf16 logits plus an fp32 temporary
+    room = lambda bs: int(bs * per_req / LOGITS_MEMORY_SHARE)  # noqa: E731
+    assert graph_max_bs(runner(256), 9, room(300)) == 256  # --cuda-graph-max-bs when it fits
+    assert graph_max_bs(runner(256), 9, room(100)) == 100  # else what fits
+    assert graph_max_bs(runner(256), 9, room(3)) == 64  # never below what the H200 slice captured
+    assert graph_max_bs(runner(32), 9, room(300)) == 32

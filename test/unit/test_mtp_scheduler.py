@@ -22,7 +22,7 @@ from sgl_inkling.sampling.sampling_batch_info import SamplingBatchInfo
 from sgl_inkling.sampling.sampling_params import SamplingParams
 from sgl_inkling.speculative.adaptive import StepCosts
 
-from .helpers import draftable_scheduler, random_prompt
+from .helpers import assert_same_level_state, draftable_scheduler, random_prompt
 
 
 @pytest.fixture(scope="module")
@@ -65,24 +65,7 @@ def test_state_after_rejections_equals_fresh_prefill(sched, draft_path):
     assert s.run_prefill()  # only b's prefill (and its first drafts): a does not move
     assert b.kv_len == q and a.kv_len == q
 
-    runner = s.runner
-    for layer, (sa, sb) in ((lay, (t[a.row], u[b.row])) for lay, ts in runner.sconv_pool.states.items()
-                            for t, u in zip(ts, ts)):  # fmt: skip
-        assert torch.equal(sa, sb), f"short-conv / carried state of layer {layer} differs"
-
-    cfg = runner.model.cfg
-    window = cfg.sliding_window_size
-    for attn in runner.model.attention_layers():
-        spec = attn.spec
-        depth = spec.layer_id - cfg.num_hidden_layers  # < 0 for trunk layers
-        first = max(0, depth + 1)  # depth d keeps no KV for tokens 0..d
-        if spec.sliding:
-            first = max(first, q - window + 1)
-        kind, pool = ("swa", runner.swa_pool) if spec.sliding else ("full", runner.full_pool)
-        sa = runner.req_to_token.read(kind, a.row, first, q)
-        sb = runner.req_to_token.read(kind, b.row, first, q)
-        kb, vb = pool.buffers(spec.layer_id)
-        assert torch.equal(kb[sa], kb[sb]) and torch.equal(vb[sa], vb[sb]), f"KV of layer {spec.layer_id}"
+    assert_same_level_state(s.runner, a.row, b.row, q)
     s.abort("", abort_all=True)
     assert s.kv.full.available == s.kv.full.num_slots and s.kv.swa.available == s.kv.swa.num_slots
 
@@ -111,6 +94,46 @@ def test_fixed_shape_drafts_equal_the_ragged_chain(sched):
     assert sum(x[2] for x in ragged[:-1]) > 20, "drafts should be accepted often enough to matter"
     assert sum(1 for n in ragged[-1] if n) >= 2, ragged[-1]  # steps drafted different numbers of tokens
     assert fixed == ragged
+    assert s.kv.full.available == s.kv.full.num_slots and s.kv.swa.available == s.kv.swa.num_slots
+
+
+def test_grammar_requests_leave_the_rest_of_the_batch_on_the_fixed_shape_step(sched):
+    """A json_schema request drafts through the ragged chain (its grammar picks its drafts) while the
+    others of the batch stay on DraftStep: outputs, verify steps and accepted drafts equal the
+    all-ragged run's, the grammar's output parses, and DraftStep ran."""
+    import json
+
+    from sgl_inkling.constrained import native_grammar
+    from test.e2e.mtp_common import SCHEMA
+
+    s = sched
+    prompts = [random_prompt(n, seed=60 + n) for n in (14, 27, 33)]
+    schema = json.dumps(SCHEMA)
+
+    def run(fixed: bool) -> list[tuple]:
+        s.spec.configure(adaptive=False)
+        s.spec.fixed_shapes = fixed
+        reqs = [submit(s, f"gr{fixed}{i}", p, temperature=0, max_new_tokens=30) for i, p in enumerate(prompts[1:])]
+        sp = SamplingParams.from_dict({"temperature": 0, "max_new_tokens": 80, "json_schema": schema})
+        ids = prompts[0]
+        s.handle(TokenizedGenerateReq(rid=f"gj{fixed}", input_ids=ids, sampling_params=sp,
+                                      grammar=native_grammar(s.tokenizer, sp, ids)))  # fmt: skip
+        reqs.append(s.waiting[-1])
+        while any(not r.finished for r in reqs):
+            was = s.spec.num_fixed_shape_steps
+            step(s)
+            # Drafted for the next step while the grammar still constrains it:
+            fixed_while_constrained[fixed] += (s.spec.num_fixed_shape_steps - was) * (not reqs[-1].finished)
+        s.spec.fixed_shapes = False
+        assert reqs[-1].finished_reason["type"] == "stop", reqs[-1].finished_reason  # the grammar ended it
+        obj, _ = json.JSONDecoder().raw_decode(s.tokenizer.decode(reqs[-1].output_ids))  # then the end token
+        assert obj.keys() >= {"nm", "st"}
+        return [(r.output_ids, r.spec_verify_ct, r.spec_accepted_drafts) for r in reqs]
+
+    fixed_while_constrained = {False: 0, True: 0}
+    ragged = run(False)
+    assert run(True) == ragged
+    assert fixed_while_constrained == {False: 0, True: fixed_while_constrained[True]} and fixed_while_constrained[True] > 0
     assert s.kv.full.available == s.kv.full.num_slots and s.kv.swa.available == s.kv.swa.num_slots
 
 
@@ -174,7 +197,7 @@ def test_mtp_buffers_are_counted_in_pool_sizing(sched):
 
     w = sched.spec
     buffers = [t for caps in (*w.trunk_capture.values(), *w.chain.capture.values()) for t in caps]
-    allocated = sum(t.numel() * t.element_size() for t in [*buffers, w.carry, w.draft_buf])
+    allocated = sum(t.numel() * t.element_size() for t in [*buffers, w.carry, w.draft_buf, w.lag_ids, w.lag_hidden])
     assert allocated == sched.runner.sconv_pool.size * mtp_bytes_per_request(sched.runner.model, w.num_steps)
 
 
