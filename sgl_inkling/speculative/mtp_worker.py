@@ -19,7 +19,6 @@ A step for which the adaptive chooser picks no drafts is a plain decode step ins
 from __future__ import annotations
 
 import torch
-import xgrammar as xgr
 
 from sgl_inkling.managers.schedule_batch import Req
 from sgl_inkling.model_executor.model_runner import ModelRunner
@@ -28,11 +27,12 @@ from sgl_inkling.speculative.acceptance import greedy_accept, sample_accept
 from sgl_inkling.speculative.adaptive import StepCosts
 from sgl_inkling.speculative.draft_control import DraftControl
 from sgl_inkling.speculative.draft_step import DraftStep
+from sgl_inkling.speculative.grammar_drafts import GrammarDrafts
 from sgl_inkling.speculative.lagging import LaggingDepths
 from sgl_inkling.speculative.levels import DepthChain, LevelSeq
 
 
-class MTPWorker(DraftControl, LaggingDepths):
+class MTPWorker(DraftControl, GrammarDrafts, LaggingDepths):
     def __init__(
         self,
         runner: ModelRunner,
@@ -142,50 +142,6 @@ class MTPWorker(DraftControl, LaggingDepths):
             req.grammar.rollback(req.draft_tentative)
             req.draft_tentative = 0
 
-    def _start_grammars(self, reqs: list[Req]) -> list[Req]:
-        """Row 0 of each constrained request's verify masks is its grammar's state now; every request
-        gets self.k drafts."""
-        out = []
-        for req in reqs:
-            req.draft_masks, req.draft_tentative, req.draft_open = None, 0, False
-            req.draft_limit = req.draft_count = self.k
-            g = req.grammar
-            if req.finished or g is None or not g.active:
-                continue
-            req.draft_masks = xgr.allocate_token_bitmask(self.num_steps + 1, self.grammar.masker.vocab_size)
-            g.fill(req.draft_masks, 0)
-            req.draft_limit, req.draft_open = 0, True  # the cap rises as drafts pass the grammar
-            out.append(req)
-        return out
-
-    def _pick(self, reqs: list[Req], depth: int, idx: list[int], logits: torch.Tensor) -> list[int]:
-        """Depth `depth`'s drafts: the argmax, within the grammar when the request has one."""
-        logits = logits.float()
-        vocab = self.runner.model.draft_vocab
-        if vocab is not None:  # draft logits cover the token map only: the rest cannot be drafted
-            full = logits.new_full((logits.shape[0], self.runner.model.cfg.unpadded_vocab_size), float("-inf"))
-            logits = full.index_copy_(1, vocab, logits)
-        masked = [k for k, i in enumerate(idx) if reqs[i].draft_open]
-        if masked:
-            rows = torch.cat([reqs[idx[k]].draft_masks[depth : depth + 1] for k in masked])
-            full = torch.full((len(idx), rows.shape[1]), -1, dtype=rows.dtype)
-            full[masked] = rows
-            self.grammar.masker._apply_kernel(logits, full.to(logits.device), masked)
-        toks = logits.argmax(-1).tolist()
-        for k in masked:
-            req = reqs[idx[k]]
-            g = req.grammar
-            if g.accept_many([toks[k]]) != 1:
-                req.draft_open = False  # no legal token (cannot happen after the mask): cap here
-                continue
-            req.draft_tentative += 1
-            req.draft_limit = depth + 1
-            if g.terminated:
-                req.draft_open = False  # the request ends with this draft if it is accepted
-            else:
-                g.fill(req.draft_masks, depth + 1)
-        return toks
-
     # ---------------------------------------------------------------- verify
 
     def verify_ids(self, reqs: list[Req]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -219,27 +175,6 @@ class MTPWorker(DraftControl, LaggingDepths):
         elif acc is None or masked:
             acc = greedy_accept(logits, ids, limits_t, forced_t)
         return out, logits, acc
-
-    def verify_masks(self, reqs: list[Req], logits: torch.Tensor) -> bool:
-        """Apply each constrained request's per-row masks to its verify logits [B, k + 1, V];
-        whether there were any."""
-        if self.grammar is None:
-            return False
-        r = logits.shape[1]
-        rows, parts = [], []
-        for i, req in enumerate(reqs):
-            if req.draft_masks is None:
-                continue
-            n = min(req.draft_limit, r - 1) + 1
-            rows.extend(i * r + j for j in range(n))
-            parts.append(req.draft_masks[:n])
-        if not rows:
-            return False
-        flat = logits.view(-1, logits.shape[-1])
-        full = torch.full((flat.shape[0], parts[0].shape[1]), -1, dtype=parts[0].dtype)
-        full[rows] = torch.cat(parts)
-        self.grammar.masker._apply_kernel(flat, full.to(flat.device), rows)
-        return True
 
     # ---------------------------------------------------------------- commit and draft
 
