@@ -10,8 +10,8 @@ graph per (bucket, k) on CUDA). When the adaptive chooser picks k = 0 the step i
 step (the decode graph of the bucket) and the depths lag, as in serving (speculative/lagging.py):
 their catch-up (every K + 1 plain steps, and drafting when a later step picks k > 0) is timed as
 that step's draft part. The adaptive run starts from flat estimates (0.5 per depth), learns
-the curve from its own steps (untimed warm-up) and picks k from the step costs MTPWorker measured
-at start-up. The 66-layer figure scales the verify's trunk part by 22 (3 slice layers -> 66; the
+the curve from its own steps (untimed warm-up) and picks k from step costs measured as MTPWorker
+measures them at start-up, with the trunk's part scaled to 66 layers like the table's figure. The 66-layer figure scales the verify's trunk part by 22 (3 slice layers -> 66; the
 LM head is counted once, at its bandwidth floor) and keeps the draft step as measured (the 8 MTP
 depths are full size in the slice): an approximation, labelled as such.
 """
@@ -43,8 +43,6 @@ def run_adaptive(model, cfg, bsz: int, args, gen, h) -> dict:
     runner = ModelRunner(model, bsz, ctx, bsz * ctx, attention_backend=args.attention_backend,
                          cuda_graph_max_bs=bsz if clock.cuda else 0)  # fmt: skip
     worker = MTPWorker(runner, k_max, adaptive=True)
-    if worker.verify_graphs is None:  # no graphs (CPU smoke run): time the same padded steps eagerly
-        worker.costs = measure_step_costs(worker)
     seqs = h.Seqs(runner, bsz)
 
     def rand(n: int) -> list[list[int]]:
@@ -53,6 +51,10 @@ def run_adaptive(model, cfg, bsz: int, args, gen, h) -> dict:
     runner.forward(seqs.batch(rand(args.input_len)))
     head_floor = h.to_ms(h.nbytes(model.model.llm.unembed))
     trunk_scale = NUM_FULL_MODEL_LAYERS / len(model.model.llm.layers)
+    # The chooser sees the costs of the model the table projects to (the trunk's forwards scaled to 66
+    # layers as below, the draft steps as measured): on the 3-layer slice itself plain decode is the
+    # cheapest way to a token, which says nothing about the served model.
+    worker.costs = measure_step_costs(worker, trunk_scale=trunk_scale, head_s=head_floor / 1e3)
     rates = conditional_rates(curve)
     out = []
     for mode in modes:

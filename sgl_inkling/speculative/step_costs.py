@@ -51,8 +51,15 @@ def _random_ids(ids: torch.Tensor, vocab: int, seed: int = 0) -> None:
     ids.copy_(torch.randint(0, vocab, ids.shape, generator=gen, device=ids.device))
 
 
-def measure_step_costs(worker, reps: int = 5) -> StepCosts:
-    """Seconds per step for k = 0..K at every bucket the worker's graphs cover (eager: EAGER_BUCKETS)."""
+def measure_step_costs(worker, reps: int = 5, trunk_scale: float = 1.0, head_s: float = 0.0) -> StepCosts:
+    """Seconds per step for k = 0..K at every bucket the worker's graphs cover (eager: EAGER_BUCKETS).
+
+    trunk_scale (benchmarks of a model cut to a few layers): the trunk's forwards (verify, plain
+    decode) count as (t - head_s) * trunk_scale + head_s, the cost of the whole model's layers with
+    the LM head (head_s) once; the MTP depths' draft steps count as measured."""
+    def trunk(t: float) -> float:
+        return max(t - head_s, 0.0) * trunk_scale + head_s
+
     runner, k_max = worker.runner, worker.num_steps
     dev = runner.device
     if worker.verify_graphs:
@@ -88,9 +95,9 @@ def measure_step_costs(worker, reps: int = 5) -> StepCosts:
         for bs in buckets:
             catch_up = _seconds(lambda bs=bs: timed_draft(bs, 0), reps, dev)
             restore = _seconds(lambda bs=bs: timed_restore(bs), reps, dev)
-            plain_step = _seconds(lambda bs=bs: timed_plain(bs), reps, dev) + catch_up / (k_max + 1)
+            plain_step = trunk(_seconds(lambda bs=bs: timed_plain(bs), reps, dev)) + catch_up / (k_max + 1)
             costs[bs] = [plain_step] + [
-                _seconds(lambda bs=bs, k=k: timed_verify[k + 1](bs), reps, dev)
+                trunk(_seconds(lambda bs=bs, k=k: timed_verify[k + 1](bs), reps, dev))
                 + restore
                 + _seconds(lambda bs=bs, k=k: timed_draft(bs, k), reps, dev)
                 for k in range(1, k_max + 1)
