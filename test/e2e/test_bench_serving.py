@@ -25,7 +25,7 @@ def test_bench_serving_json_is_consistent(server, tmp_path):
         "--seed", "7", "--note", "smoke", "--output-file", str(out),
     ])  # fmt: skip
     d = json.loads(out.read_text())
-    assert d["enable_mixed_chunk"] is True and d["engine_timings"]["prefill_ms"] == 50.0
+    assert d["enable_mixed_chunk"] is False and d["engine_timings"]["prefill_ms"] == 50.0  # off by default
     for run, c in zip(d["runs"], levels):
         b = run["back_to_back"]  # n prefills of 50 ms, then waves of min(c, n) decoding 6 tokens
         steps = {1: [5.0] * 4, 3: [7.0, 5.0]}[c]  # batch 3: 7 ms between the measured 1 and 4
