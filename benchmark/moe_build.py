@@ -1,9 +1,10 @@
 """Benchmark-only choice of the CUDA NVFP4 MoE kernels' build (moe_w4a16_cuda.BUILD).
 
 A spec is "field=value,..." over CudaTiles' fields other than nt (which the batch decides), e.g.
-"cp_async=8,split_sinks=1"; "" is the shipped default. `--pick FILE` prints the spec of the CUDA
-variant of a bench_moe_nvfp4 JSON that is fastest summed over its batch sizes (the default dispatch
-counts as ""), so that one GPU call can measure the sweep and then time decode with the winner:
+"cp_async=8,split_sinks=1"; "" is the shipped default. `--pick FILE` prints the spec (every field)
+of the CUDA variant of a bench_moe_nvfp4 JSON that is fastest summed over its batch sizes, or ""
+when the run's default dispatch was, so that one GPU call can measure the sweep and then time
+decode with the winner:
 
     python benchmark/moe_build.py --pick results/bench_moe_nvfp4_inkling-slice.json
 """
@@ -41,10 +42,12 @@ def apply(spec: str) -> CudaTiles:
     return moe_w4a16_cuda.BUILD
 
 
+DEFAULT = "default dispatch"
+
+
 def spec_of(tiles: dict) -> str:
-    """The spec of a variant's tiles (fields that differ from the shipped default)."""
-    base = dataclasses.asdict(CudaTiles())
-    return ",".join(f"{k}={tiles[k]}" for k in FIELDS if k in tiles and tiles[k] != base[k])
+    """The spec of a variant's tiles: every build field it records."""
+    return ",".join(f"{k}={tiles[k]}" for k in FIELDS if k in tiles)
 
 
 def pick(doc: dict) -> str:
@@ -57,20 +60,21 @@ def pick(doc: dict) -> str:
                 continue
             if path == "cuda" and v["tiles"].get("nt", 1) != 1:  # nt is the batch's choice, not a build's
                 continue
-            key = "" if path == "default dispatch" else spec_of(v["tiles"])
+            key = DEFAULT if path == DEFAULT else spec_of(v["tiles"])
             row[key] = min(row.get(key, float("inf")), v["ms"])
-        base = row.get("")
+        base = row.get(DEFAULT)
         for key, ms in row.items():  # relative to the default, so every batch size weighs the same
             totals.setdefault(key, []).append(ms / base if base else ms)
     n = max((len(t) for t in totals.values()), default=0)
     full = {k: sum(t) for k, t in totals.items() if len(t) == n}
-    return min(full, key=full.get) if full else ""
+    return min(full, key=full.get) if full else DEFAULT
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--pick", type=Path, required=True)
-    print(pick(json.loads(p.parse_args().pick.read_text())))
+    best = pick(json.loads(p.parse_args().pick.read_text()))
+    print("" if best == DEFAULT else best)
 
 
 if __name__ == "__main__":

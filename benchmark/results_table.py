@@ -201,28 +201,40 @@ def serving_table(d: dict) -> str:
             + table(header, rows))  # fmt: skip
 
 
+def _is_build(tiles: dict, build: str, default: str, spec_of) -> bool:
+    if build == default:
+        return tiles.get("path") == default
+    return tiles.get("path") == "cuda" and tiles.get("nt", 1) == 1 and spec_of(tiles) == build
+
+
 def moe_table(d: dict) -> str:
-    """The fused NVFP4 MoE alone: the default dispatch against 4.3 TB/s and the measured read ceiling,
-    with the row-block GEMV path (the previous decode default) where the run timed it."""
+    """The fused NVFP4 MoE alone, for the CUDA build that the run's decode stages used (the sweep's
+    fastest, benchmark/moe_build.py --pick) against 4.3 TB/s and the measured read ceiling, with the
+    row-block GEMV path (the previous decode default) where the run timed it."""
+    sys.path[:0] = [str(ROOT)]
+    from benchmark.moe_build import DEFAULT, pick, spec_of
+
     ceiling = d.get("bf16_linear_read_tb_s")
+    build = pick(d)
     rows = []
     for r in d["results"]:
         ok = [v for v in r["variants"] if "ms" in v]
-        dflt = next((v for v in ok if v["tiles"].get("path") == "default dispatch"), None)
+        used = [v for v in ok if _is_build(v["tiles"], build, DEFAULT, spec_of)]
         gemv = min((v for v in ok if v["tiles"].get("path") == "gemv"), key=lambda v: v["ms"], default=None)
-        if dflt is None:
+        if not used:
             continue
+        u = used[0]
         rows.append([
             str(r["batch_size"]), f(r["distinct_experts_per_call"], ".1f"), f(r["bytes_routed_plus_sinks"] / 1e6, ".0f"),
-            f(dflt["ms"] * 1e3, ".1f"), f(dflt["tb_s"]), f(dflt["fraction_of_4.3"], ".0%"),
-            f(dflt["tb_s"] / ceiling, ".0%") if ceiling else "-", f(dflt["routed_only_tb_s"]), f(dflt["sinks_only_tb_s"]),
-            f(gemv["tb_s"]) if gemv else "-",
+            f(u["ms"] * 1e3, ".1f"), f(u["tb_s"]), f(u["fraction_of_4.3"], ".0%"),
+            f(u["tb_s"] / ceiling, ".0%") if ceiling else "-", f(u["routed_only_tb_s"]), f(u["sinks_only_tb_s"]),
+            f(max(v["tb_s"] for v in ok)), f(gemv["tb_s"]) if gemv else "-",
         ])  # fmt: skip
     header = ["batch", "experts hit", "MB", "us", "TB/s", "of 4.3", "of read ceiling", "routed alone TB/s",
-              "sinks alone TB/s", "GEMV path TB/s"]  # fmt: skip
-    return (f"Fused NVFP4 MoE (routed W4A16 + BF16 sinks), {config_of(d)}, CUDA graphs; read ceiling = a "
-            f"batch-1 BF16 linear over 1 GiB, {f(ceiling)} TB/s in the same run. (source: {source(d)})\n\n"
-            + table(header, rows))  # fmt: skip
+              "sinks alone TB/s", "best variant TB/s", "GEMV path TB/s"]  # fmt: skip
+    return (f"Fused NVFP4 MoE (routed W4A16 + BF16 sinks), {config_of(d)}, CUDA graphs, CUDA build "
+            f"'{build}' (the one the decode tables use); read ceiling = a batch-1 BF16 linear "
+            f"over 1 GiB, {f(ceiling)} TB/s in the same run. (source: {source(d)})\n\n" + table(header, rows))
 
 
 def render(results: dict[tuple[str, str], dict]) -> str:
