@@ -166,7 +166,7 @@ CUDA_CASES = [
     # activation prefetch, and the ring under more column tiles
     ((8, 2, 6, 6144, 3072, 1), CudaTiles(nt=1, cp_async=8, split_sinks=1)),
     ((33, 2, 6, 512, 256, 5), CudaTiles(nt=1, cp_async=6, split_sinks=1)),
-    ((9, 1, 4, 256, 384, 40), CudaTiles(nt=1, depth=2, warps=8, x_prefetch=1)),
+    ((9, 1, 4, 256, 384, 40), CudaTiles(nt=1, depth=2, warps=8, x_prefetch=1, cp_async=0, split_sinks=0)),
     ((17, 2, 6, 1024, 512, 100), CudaTiles(nt=4, cp_async=8)),
 ]
 
