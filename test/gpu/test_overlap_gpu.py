@@ -5,8 +5,6 @@ torch.cuda.set_sync_debug_mode("error"). Outputs equal the synchronous path's.""
 
 from __future__ import annotations
 
-import contextlib
-
 import pytest
 import torch
 
@@ -16,6 +14,8 @@ from sgl_inkling.managers.scheduler import Scheduler  # noqa: E402
 from sgl_inkling.server_args import ServerArgs  # noqa: E402
 from test.unit.helpers import random_prompt  # noqa: E402
 from test.unit.test_overlap_schedule import compare, drive, req  # noqa: E402
+
+from .test_sampler_sync import sync_is_error  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -28,16 +28,6 @@ def gpu_sched(tiny_path, tmp_path_factory):
     yield s
     s.recv_sock.close(0)
     s.send_sock.close(0)
-
-
-@contextlib.contextmanager
-def sync_is_error():
-    torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        yield
-    finally:
-        torch.cuda.set_sync_debug_mode(0)
 
 
 def test_overlapped_decode_steps_do_not_sync_outside_the_commit(gpu_sched, monkeypatch):
