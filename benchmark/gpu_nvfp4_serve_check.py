@@ -10,6 +10,7 @@ import sys
 import time
 
 import sglang
+from benchmark.bench_one_batch import git_commit
 from benchmark.slice_dir import write_slice_dir
 
 PROMPTS = [[100 + 7 * i + j for j in range(64 + 16 * i)] for i in range(4)]
@@ -40,6 +41,7 @@ if __name__ == "__main__":
         "distinct_tokens": len({t for seq in ids for t in seq}),
         "seconds": [r[1] for r in runs],
         "tok_per_s": len(PROMPTS) * SP["max_new_tokens"] / runs[1][1],
+        "git_commit": git_commit()[0],
     }
     json.dump(report, open(out_path, "w"), indent=2)
     print(json.dumps(report))
