@@ -3,9 +3,10 @@
 csrc/moe_w4a16_mma.cu says why and how (mma.sync fragments decoded straight from the checkpoint's
 code bytes). It is built with nvcc on first use (cuda_build: seconds, cached per machine) and
 called through ctypes on torch's current stream, so it is captured by CUDA graphs like any
-kernel; it is used for blocks of 8 * nt (token, slot) pairs of
-one expert; the BF16 sink experts run in the same launches at small batches (one block per sink),
-through cuBLAS above. Prefill (many pairs per expert) stays with the Triton MMA kernels.
+kernel. It runs blocks of 8 * nt (token, slot) pairs of one expert; at small batches the BF16 sink
+experts are blocks of the same kernel (one block per sink; in a launch of their own when
+split_sinks), above that they go through cuBLAS. Prefill (many pairs per expert) stays with the
+Triton MMA kernels.
 
 Buffers are fused_moe_nvfp4's: act rows (pairs, then sink s token t at n_pairs + s * T + t) and the
 [T, k + S, H] fp32 slot buffer that its slot sum reduces.
