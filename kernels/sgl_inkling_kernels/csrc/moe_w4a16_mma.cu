@@ -5,8 +5,9 @@
 // Triton GEMVs spend ~5.3 instructions per weight (decode, widening to fp32, an fp32 FMA) against
 // ~4.4 that 4.3 TB/s allows; here the weights are decoded straight into mma.sync A fragments
 // (bf16, block scale folded in by one packed multiply) and the tensor core does the products:
-// ~2.7 instructions per weight, no shared memory, the next K chunk's loads in flight while this one
-// computes.
+// about 2.7 instructions per weight (counted from the PTX), with later K chunks' loads in flight
+// while one computes (a register ring, or by default a cp.async shared-memory ring; Nsight Compute
+// at batch 1 finds the kernel bound by memory latency, not by issue: results/ncu_moe_w4a16_bs1.txt).
 //
 // Swap-AB: out^T[rows, tokens] = W[rows, K] x X^T[K, tokens]; a CTA owns a 16-row tile of one
 // expert and up to 8 * NT (token, slot) columns; its warps walk K in interleaved chunks of 128
