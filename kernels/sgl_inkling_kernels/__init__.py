@@ -7,6 +7,7 @@
                       with its fp32 GEMM split-K in-kernel)
     fused_moe         grouped-GEMM SwiGLU experts, routed and shared, reading only selected experts
     fused_moe_nvfp4   the same over NVFP4 routed experts (W4A16: codes decoded in registers) + BF16 sinks
+    moe_launch        the gate/up + down launch pair the Triton NVFP4 paths share
     moe_w4a16_cuda    its decode path on CUDA GPUs: mma.sync W4A16 kernels in CUDA C++ (csrc/), via ctypes
     cuda_build        builds a csrc/ source with nvcc at first use (cached per machine)
     rmsnorm           RMSNorm and fused residual-add + RMSNorm

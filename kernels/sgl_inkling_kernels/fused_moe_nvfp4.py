@@ -30,6 +30,7 @@ import torch
 
 from sgl_inkling_kernels._triton import dot_mode, interpreting, mm, next_pow2, require_triton, tl, triton
 from sgl_inkling_kernels.fused_moe import moe_align
+from sgl_inkling_kernels.moe_launch import launch_up_down
 from sgl_inkling_kernels.moe_nvfp4_gemv import INTERPRETER_GEMV_TILES, GemvTiles, moe_nvfp4_gemv
 from sgl_inkling_kernels.moe_w4a16_cuda import CudaTiles, default_cuda_tiles, moe_w4a16_decode, usable
 from sgl_inkling_kernels.w4a16_steps import down_step, up_step
@@ -308,7 +309,7 @@ def _mma(x, w13, s13, g13, w2, s2, g2, pairs, block_expert, weights, sw13, sw2, 
     sinks only, the kernels still read the first block_m pairs and the first block's expert."""
     t, k = weights.shape
     n_pairs = t * k
-    h, inter = x.shape[1], w13.shape[1] // 2
+    h = x.shape[1]
     n_shared = sw13.shape[0] if sw13 is not None else 0
     n_sink_blocks = n_shared * triton.cdiv(t, block_m)
     if not n_shared:
@@ -318,14 +319,5 @@ def _mma(x, w13, s13, g13, w2, s2, g2, pairs, block_expert, weights, sw13, sw2, 
     meta = dict(TOPK=k, BLOCK_M=block_m, KB=tiles.kb, BK_S=tiles.bk_sink, ASM=use_asm, HW_FP8=not interpreting(),
                 UPCAST=upcast, PREC=prec,
                 num_warps=tiles.warps, num_stages=tiles.stages)  # fmt: skip
-    _up_kernel[(triton.cdiv(inter, tiles.up_n), blocks)](
-        x, w13, s13, g13, sw13, pairs, block_expert, act,
-        x.stride(0), w13.stride(0), w13.stride(1), s13.stride(0), s13.stride(1), sw13.stride(0), sw13.stride(1),
-        act.stride(0), h, inter, n_pairs, t, n_sink_blocks, BLOCK_N=tiles.up_n, **meta,
-    )  # fmt: skip
-    _down_kernel[(triton.cdiv(h, tiles.down_n), blocks)](
-        act, w2, s2, g2, sw2, pairs, block_expert, weights, gam, out,
-        act.stride(0), w2.stride(0), w2.stride(1), s2.stride(0), s2.stride(1), sw2.stride(0), sw2.stride(1),
-        gam.stride(0), out.stride(0), out.stride(1), h, inter, n_pairs, t, n_sink_blocks,
-        BLOCK_N=tiles.down_n, **meta,
-    )  # fmt: skip
+    launch_up_down(_up_kernel, _down_kernel, x, w13, s13, g13, w2, s2, g2, sw13, sw2, gam, pairs, block_expert,
+                   weights, act, out, n_pairs, t, n_sink_blocks, blocks, tiles.up_n, tiles.down_n, meta)  # fmt: skip

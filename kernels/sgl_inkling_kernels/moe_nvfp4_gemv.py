@@ -27,6 +27,7 @@ import torch
 
 from sgl_inkling_kernels._triton import interpreting, tl, triton
 from sgl_inkling_kernels.gemv_steps import bf16_gemv, nvfp4_gemv
+from sgl_inkling_kernels.moe_launch import launch_up_down
 
 
 @dataclass(frozen=True)
@@ -153,7 +154,7 @@ def moe_nvfp4_gemv(x, w13, s13, g13, w2, s2, g2, pairs, block_expert, weights, s
     and, when n_sink > 0, for the sinks too. s13 / s2: the block scales viewed as uint8."""
     t, k = weights.shape
     n_pairs = t * k
-    h, inter = x.shape[1], w13.shape[1] // 2
+    h = x.shape[1]
     c13, c2 = w13.view(torch.int32), w2.view(torch.int32)  # 8 codes per word (16 | H and 16 | I)
     ms = triton.next_power_of_2(t) if n_sink else 0
     n_sink_blocks = n_sink * triton.cdiv(t, ms) if n_sink else 0
@@ -162,14 +163,6 @@ def moe_nvfp4_gemv(x, w13, s13, g13, w2, s2, g2, pairs, block_expert, weights, s
     blocks = n_sink_blocks + block_expert.shape[0]
     meta = dict(TOPK=k, BM=tiles.bm, MS=ms, KW=tiles.kw, KWS=tiles.kw_sink, ASM=asm, HW_FP8=not interpreting(),
                 num_warps=tiles.warps, num_stages=1)  # fmt: skip
-    _up_gemv_kernel[(triton.cdiv(inter, tiles.up_n), blocks)](
-        x, c13, s13, g13, sw13, pairs, block_expert, act,
-        x.stride(0), c13.stride(0), c13.stride(1), s13.stride(0), s13.stride(1), sw13.stride(0), sw13.stride(1),
-        act.stride(0), h, inter, n_pairs, t, n_sink_blocks, BLOCK_N=tiles.up_n, **meta,
-    )  # fmt: skip
-    _down_gemv_kernel[(triton.cdiv(h, tiles.down_n), blocks)](
-        act, c2, s2, g2, sw2, pairs, block_expert, weights, gam, out,
-        act.stride(0), c2.stride(0), c2.stride(1), s2.stride(0), s2.stride(1), sw2.stride(0), sw2.stride(1),
-        gam.stride(0), out.stride(0), out.stride(1), h, inter, n_pairs, t, n_sink_blocks,
-        BLOCK_N=tiles.down_n, **meta,
-    )  # fmt: skip
+    launch_up_down(_up_gemv_kernel, _down_gemv_kernel, x, c13, s13, g13, c2, s2, g2, sw13, sw2, gam, pairs,
+                   block_expert, weights, act, out, n_pairs, t, n_sink_blocks, blocks, tiles.up_n, tiles.down_n,
+                   meta)  # fmt: skip
