@@ -123,6 +123,17 @@ def _moe_align_small_kernel(
     tl.store(BlockExpert + b[None, :] + 0 * start[:, None], e[:, None] + 0 * b[None, :], mask=own)
 
 
+def over_token_chunks(x, ids, weights, shared_weights, max_tokens: int, run) -> torch.Tensor:
+    """A fused MoE over a long prefill, max_tokens rows at a time (its per-pair fp32 buffer is
+    [tokens, k + S, H]): out[a:b] = run(x[a:b], ids[a:b], weights[a:b], shared_weights[a:b] or None)."""
+    out = torch.empty_like(x)
+    for a in range(0, x.shape[0], max_tokens):
+        b = min(x.shape[0], a + max_tokens)
+        sw = shared_weights[a:b] if shared_weights is not None else None
+        out[a:b] = run(x[a:b], ids[a:b], weights[a:b], sw)
+    return out
+
+
 def moe_align(ids: torch.Tensor, num_experts: int, block_m: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Sort (token, slot) pairs by expert, each expert's run padded to a multiple of block_m.
 
@@ -232,13 +243,8 @@ def fused_moe(
     x = x if x.stride(-1) == 1 else x.contiguous()
     t, k = ids.shape
     if t > max_tokens:
-        out = torch.empty_like(x)
-        for a in range(0, t, max_tokens):
-            b = min(t, a + max_tokens)
-            sw = shared_weights[a:b] if shared_weights is not None else None
-            out[a:b] = fused_moe(x[a:b], w13, w2, ids[a:b], weights[a:b], shared_w13, shared_w2, sw, block_m,
-                                 max_tokens, foreign_ids)  # fmt: skip
-        return out
+        return over_token_chunks(x, ids, weights, shared_weights, max_tokens, lambda xc, ic, wc, sc: fused_moe(
+            xc, w13, w2, ic, wc, shared_w13, shared_w2, sc, block_m, max_tokens, foreign_ids))  # fmt: skip
     n_shared = shared_w13.shape[0] if shared_w13 is not None else 0
     alloc = torch.zeros if foreign_ids else torch.empty  # foreign pairs are never written
     out = alloc(t, k + n_shared, x.shape[1], dtype=torch.float32, device=x.device)

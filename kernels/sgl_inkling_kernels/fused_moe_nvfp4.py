@@ -29,7 +29,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from sgl_inkling_kernels._triton import dot_mode, interpreting, mm, next_pow2, require_triton, tl, triton
-from sgl_inkling_kernels.fused_moe import moe_align
+from sgl_inkling_kernels.fused_moe import moe_align, over_token_chunks
 from sgl_inkling_kernels.moe_launch import launch_up_down
 from sgl_inkling_kernels.moe_nvfp4_gemv import INTERPRETER_GEMV_TILES, GemvTiles, moe_nvfp4_gemv
 from sgl_inkling_kernels.moe_w4a16_cuda import CudaTiles, default_cuda_tiles, moe_w4a16_decode, usable
@@ -247,14 +247,9 @@ def fused_moe_nvfp4(
     x = x if x.stride(-1) == 1 else x.contiguous()
     t, k = ids.shape
     if t > max_tokens:
-        out = torch.empty_like(x)
-        for a in range(0, t, max_tokens):
-            b = min(t, a + max_tokens)
-            sw = shared_weights[a:b] if shared_weights is not None else None
-            out[a:b] = fused_moe_nvfp4(x[a:b], w13, w13_scale, w13_scale2, w2, w2_scale, w2_scale2, ids[a:b],
-                                       weights[a:b], shared_w13, shared_w2, sw, foreign_ids,
-                                       max_tokens=max_tokens, tiles=tiles, asm=asm)  # fmt: skip
-        return out
+        return over_token_chunks(x, ids, weights, shared_weights, max_tokens, lambda xc, ic, wc, sc: fused_moe_nvfp4(
+            xc, w13, w13_scale, w13_scale2, w2, w2_scale, w2_scale2, ic, wc, shared_w13, shared_w2, sc, foreign_ids,
+            max_tokens=max_tokens, tiles=tiles, asm=asm))  # fmt: skip
     if t == 0:
         return torch.zeros_like(x)
     n_exp, two_i, _ = w13.shape
