@@ -21,7 +21,9 @@ LOGS="${LOGS:-/tmp/gpu_all_logs}"
 gpu_begin gpu_all
 export PYTHONUNBUFFERED=1
 
-stage tests 200 "$PY" -m pytest -q -p no:cacheprovider test/kernels/test_fused_moe_nvfp4.py -k "cuda or blas" \
+M=test/kernels/test_fused_moe_nvfp4.py
+stage tests 200 "$PY" -m pytest -q -p no:cacheprovider "$M::test_cuda_decode_matches_reference" \
+  "$M::test_cuda_decode_is_the_default_and_skips_foreign_ids" "$M::test_blas_sinks_match_a_brute_force" \
   test/kernels/test_qkvr_epilogue.py test/kernels/test_sconv_norm.py test/gpu/test_kernel_warmup.py \
   test/gpu/test_overlap_gpu.py test/gpu/test_mtp_sample_accept_sync.py
 stage bench_moe 90 "$PY" benchmark/bench_moe_nvfp4.py --no-bf16 --replays 10 --batch-sizes 1 8 64 \
