@@ -395,12 +395,10 @@ def print_mtp_table(mtp: list[dict], runs: list[dict]) -> None:
     (both from CUDA graphs where they ran)."""
     print(f"{'bs':>3} {'accept':>6} {'verify ms':>9} {'(floor %)':>9} {'graph':>6} {'chain ms':>8} {'(floor %)':>9} "
           f"{'graph':>6} {'tok/s/user@66':>13} {'x plain':>7}")  # fmt: skip
+    from benchmark.mtp_adaptive import plain_tok_per_s_66
+
     for m in mtp:
-        plain = [r for r in runs if r["batch_size"] == m["batch_size"]]
-        base = None
-        if plain:
-            e = plain[-1]["extrapolated_66_layers"]
-            base = e["cuda_graph_tok_per_s_per_user"] or e["tok_per_s_per_user"]
+        base = plain_tok_per_s_66(runs, m["batch_size"])
         verify_graph = (m["verify_cuda_graph"] or {}).get("ms")
         for r in m["runs"]:
             e = r["extrapolated_66_layers"]

@@ -187,16 +187,21 @@ def _catch_up(worker: MTPWorker, seqs, rows, lag: list[int], k: int, rand, bsz: 
     lag[0] = 0
 
 
+def plain_tok_per_s_66(runs: list[dict], bs: int) -> float | None:
+    """Plain decode's tok/s/user at 66 layers for batch bs (from its CUDA graph where it ran)."""
+    plain = [r for r in runs if r["batch_size"] == bs]
+    if not plain:
+        return None
+    e = plain[-1]["extrapolated_66_layers"]
+    return e.get("cuda_graph_tok_per_s_per_user") or e["tok_per_s_per_user"]
+
+
 def print_adaptive_table(results: list[dict], runs: list[dict]) -> None:
     """Per batch size: each fixed k and adaptive; tok/s/user measured and at 66 layers, x plain."""
     print(f"{'bs':>3} {'k':>8} {'tok/step':>8} {'verify ms':>9} {'draft ms':>8} {'tok/s/user':>10} "
           f"{'@66':>8} {'x plain':>7}")  # fmt: skip
     for m in results:
-        plain = [r for r in runs if r["batch_size"] == m["batch_size"]]
-        base = None
-        if plain:
-            e = plain[-1]["extrapolated_66_layers"]
-            base = e.get("cuda_graph_tok_per_s_per_user") or e["tok_per_s_per_user"]
+        base = plain_tok_per_s_66(runs, m["batch_size"])
         for r in m["runs"]:
             tps66 = r["extrapolated_66_layers"]["tok_per_s_per_user"]
             ratio = tps66 / base if base else float("nan")
