@@ -56,6 +56,9 @@ BATCH_TENSORS = ("input_ids", "positions", "req_pool_indices", "prefix_lens", "e
 HBM_BYTES_PER_S = 4.3e12  # measured batch-1 bf16 GEMV streaming rate on the H200 (BENCHMARKS.md)
 
 
+COVER_CYCLES = 2_000_000  # about 1 ms of GPU clock: longer than the host's staging of one step
+
+
 class Clock:
     """CUDA events on the GPU (no sync while recording), perf_counter on the CPU."""
 
@@ -68,6 +71,13 @@ class Clock:
         e = torch.cuda.Event(enable_timing=True)
         e.record()
         return e
+
+    def start(self):
+        """A mark behind a GPU busy-wait of COVER_CYCLES: the host stages the timed step's inputs and
+        launches while the GPU still waits, so the region holds the GPU's work only."""
+        if self.cuda:
+            torch.cuda._sleep(COVER_CYCLES)
+        return self.mark()
 
     def ms(self, a, b) -> float:
         return a.elapsed_time(b) if self.cuda else (b - a) * 1e3

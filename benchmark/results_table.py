@@ -143,11 +143,12 @@ def adaptive_table(d: dict) -> str:
         tps = lambda r: r["extrapolated_66_layers"]["tok_per_s_per_user"]  # noqa: E731
         rows.append([
             str(m["batch_size"]), str(m["best_fixed_k"]), f(tps(best), ".1f"), used, f(ad["tokens_per_step"], ".2f"),
-            f(tps(ad), ".1f"), f(m["adaptive_vs_best_fixed"], ".3f"), f(base_tps, ".1f"),
-            f(tps(ad) / base_tps, ".2f") + "x" if base_tps else "-",
+            f(tps(ad), ".1f"), f(m["adaptive_vs_best_fixed"], ".3f"), f(m.get("learned_vs_best_fixed"), ".3f"),
+            f(base_tps, ".1f"), f(tps(ad) / base_tps, ".2f") + "x" if base_tps else "-",
         ])  # fmt: skip
     header = ["batch", "best fixed k", "its tok/s/user @66", "adaptive k used (steps)", "adaptive tok/step",
-              "adaptive tok/s/user @66", "adaptive / best", "plain tok/s/user @66", "adaptive speed-up"]  # fmt: skip
+              "adaptive tok/s/user @66", "adaptive / best", "learned from flat prior / best", "plain tok/s/user @66",
+              "adaptive speed-up"]  # fmt: skip
     curve = ", ".join(f"{x:g}" for x in d["mtp_adaptive"][0]["benchmark_only_forced_acceptance_curve"])
     return (f"Adaptive MTP, {d['config']}: drafts accepted at the forced per-depth curve {curve} (a "
             f"benchmark-only switch), every fixed k = 1..8 against the chooser (source: {source(d)}):\n\n"

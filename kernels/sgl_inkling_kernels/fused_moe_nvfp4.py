@@ -257,7 +257,7 @@ def fused_moe_nvfp4(
     n_pairs = t * k
     if tiles is None:
         cuda_decode = n_pairs <= CUDA_MAX_PAIRS_PER_EXPERT * n_exp and usable(x, h, inter)
-        tiles = default_cuda_tiles(n_pairs, n_exp) if cuda_decode else default_tiles(n_pairs, n_exp)
+        tiles = default_cuda_tiles(n_pairs, n_exp, t) if cuda_decode else default_tiles(n_pairs, n_exp)
     use_asm = (not interpreting() and x.dtype == torch.bfloat16) if asm is None else asm
     if use_asm and x.dtype != torch.bfloat16:
         raise ValueError("fused_moe_nvfp4: the asm decode produces bf16 weights, x must be bf16")

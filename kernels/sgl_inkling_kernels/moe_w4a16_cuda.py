@@ -39,7 +39,9 @@ class CudaTiles:
     the next chunk's activations loaded while one computes (one column tile); cp_async, stages of a
     shared-memory ring for the code stream instead of registers (0: registers, depth applies);
     split_sinks, sink and routed blocks in separate launches (each kernel with only its path's
-    registers)."""
+    registers); one_launch_max, the largest batch that default_cuda_tiles gives one launch for sinks
+    and routed blocks whatever split_sinks says; sink_stream, the BF16 sinks through cuBLAS on a side
+    stream at every batch, concurrent with the routed launches (kernel_sink_max is then unused)."""
 
     nt: int = 1
     depth: int = 4
@@ -49,7 +51,9 @@ class CudaTiles:
     dual_acc: int = 1
     x_prefetch: int = 0
     cp_async: int = 8  # H200 sweep at 554ba14: the ring with split launches is fastest summed over
-    split_sinks: int = 1  # batch 1, 8, 64 (one launch is 9% faster at batch 1 alone)
+    split_sinks: int = 1  # batch 1, 8, 64, but one launch is 9% faster at batch 1 (153 us against 169)
+    one_launch_max: int = 1  # and 4% slower at batch 8: one launch up to batch 1
+    sink_stream: int = 0
 
     def __post_init__(self):
         if self.x_prefetch and self.cp_async:
@@ -107,12 +111,14 @@ def usable(x: torch.Tensor, hidden: int, inter: int) -> bool:
         and _has_bf16_mma(x.device)  # fmt: skip
 
 
-def default_cuda_tiles(n_pairs: int, n_exp: int) -> CudaTiles:
+def default_cuda_tiles(n_pairs: int, n_exp: int, tokens: int) -> CudaTiles:
     """Columns per block from the mean pairs per expert (blocks padded to 8 * nt cost MMA work and
-    activation loads, never weight bytes, which each block reads once)."""
+    activation loads, never weight bytes, which each block reads once); sinks and routed blocks in
+    one launch up to BUILD.one_launch_max tokens."""
     mean = n_pairs / max(n_exp, 1)  # H200, inkling-slice: nt 1 is best up to a mean of 6, nt 4 at 24
     nt = 1 if mean <= 8 else 2 if mean <= 16 else 4 if mean <= 40 else 8
-    return replace(BUILD, nt=nt)
+    split = 0 if tokens <= BUILD.one_launch_max else BUILD.split_sinks
+    return replace(BUILD, nt=nt, split_sinks=split)
 
 
 def sink_nt(t: int) -> int:
@@ -132,18 +138,33 @@ def sinks_blas(x, sw13, sw2, gam, out, topk: int) -> None:
     out[:, topk : topk + n].copy_((y.float() * gam.t().float().unsqueeze(-1)).transpose(0, 1))
 
 
+@functools.cache
+def _side_stream(device: torch.device) -> torch.cuda.Stream:
+    return torch.cuda.Stream(device)
+
+
 def moe_w4a16_decode(x, w13, s13, g13, w2, s2, g2, ids, weights, sw13, sw2, gam, act, out,
                      tiles: CudaTiles) -> None:  # fmt: skip
     """Fill out (and act) for the routed pairs and the sinks (in the same launches when the batch
-    fits tiles.kernel_sink_max, else through cuBLAS)."""
+    fits tiles.kernel_sink_max, else through cuBLAS, on a side stream with tiles.sink_stream)."""
     lib = _library(tiles.defines())
     t, k = weights.shape
     n_pairs = t * k
     n_exp = w13.shape[0]
     pairs, block_expert = moe_align(ids, n_exp, 8 * tiles.nt)
     w32 = weights.reshape(-1).float()
-    in_kernel = sw13 is not None and t <= min(tiles.kernel_sink_max, MAX_SINK_TOKENS)
-    if sw13 is not None and not in_kernel:
+    in_kernel = sw13 is not None and not tiles.sink_stream and t <= min(tiles.kernel_sink_max, MAX_SINK_TOKENS)
+    side = None
+    if sw13 is not None and not in_kernel and tiles.sink_stream:
+        # Sinks and routed experts read disjoint weights: on two streams (a fork and a join that CUDA
+        # graphs capture) the sinks' GEMMs stream while the routed launches do, where one stream would
+        # leave the DRAM idle in each launch's ramp and tail. x and out belong to the main stream and
+        # outlive the join; the side stream's own temporaries stay in its allocator pool.
+        main, side = torch.cuda.current_stream(x.device), _side_stream(x.device)
+        side.wait_stream(main)
+        with torch.cuda.stream(side):
+            sinks_blas(x, sw13, sw2, gam, out, k)
+    elif sw13 is not None and not in_kernel:
         sinks_blas(x, sw13, sw2, gam, out, k)
     n_sink_blocks = sw13.shape[0] if in_kernel else 0  # one block per sink: sink_nt(t) tiles of 8
     nt_s = sink_nt(t)
@@ -160,3 +181,5 @@ def moe_w4a16_decode(x, w13, s13, g13, w2, s2, g2, ids, weights, sw13, sw2, gam,
         if in_kernel:
             _launch(lib, up, nt_s, tiles.depth, 0, n_sink_blocks, src, codes, scales, scale2, sink, *common)
         _launch(lib, up, tiles.nt, tiles.depth, n_sink_blocks, n_routed, src, codes, scales, scale2, sink, *common)
+    if side is not None:
+        main.wait_stream(side)

@@ -8,7 +8,8 @@ decode step (the decode graph; the depths lag and catch up later, lagging.py).
 
 The rates are running estimates (exponentially weighted per batch) from the verify decisions; the
 costs are a table per batch bucket measured at start-up (step_costs.py). A depth that is never
-drafted gets no new evidence, so every EXPLORE_EVERY-th step drafts one depth more than chosen.
+drafted gets no new evidence, so now and then a step drafts one depth more than chosen: at most
+every EXPLORE_EVERY-th step and within EXPLORE_SHARE of the time (draft_control.py).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 EXPLORE_EVERY = 16
+EXPLORE_SHARE = 0.03  # most of the serving time that exploring may cost
 # Public Inkling MTP8 acceptance (vLLM, GSM8K), a_d per depth: the prior before any evidence and the
 # benchmark's default forced curve.
 PUBLIC_MTP8_CURVE = (0.757, 0.601, 0.498, 0.411, 0.354, 0.298, 0.261, 0.223)
@@ -53,12 +55,26 @@ def choose_k(rates: Sequence[float], step_cost: Sequence[float]) -> int:
 
 
 class AcceptanceTracker:
-    """Per-depth acceptance: running estimates for the chooser and all-time counts for the stats."""
+    """Per-depth acceptance: running estimates for the chooser and all-time counts for the stats.
+
+    Each depth's rate is a weighted mean of its prior (worth PRIOR_OBS observations) and its
+    verify decisions, the weight of old decisions capped at 1 / alpha observations so it follows
+    the workload (an exponentially weighted mean once that many were seen). Early evidence thus
+    counts more: a batch-1 step moves a rate a fifth of the way, where a fixed alpha = 0.05 took 4.
+    For choosing, the prior's remaining share of a depth that has seen little evidence is
+    optimistic: it is at least the rate of the depth before it. Conditional acceptance does not
+    fall with depth in the public curve, and a deep depth that is never drafted gets no evidence;
+    a pessimistic guess would keep it undrafted for good, an optimistic one is corrected by the
+    first steps that draft it."""
+
+    PRIOR_OBS = 4.0  # 1 made early estimates so noisy that a batch could settle on plain decode
 
     def __init__(self, depths: int, alpha: float = 0.05, prior: Sequence[float] | None = None):
         self.alpha = alpha
         prior = conditional_rates(PUBLIC_MTP8_CURVE) if prior is None else list(prior)
-        self.rates = [prior[min(d, len(prior) - 1)] for d in range(depths)]
+        self.prior = [prior[min(d, len(prior) - 1)] for d in range(depths)]
+        self.rates = list(self.prior)
+        self.prior_share = [1.0] * depths  # the prior's weight in each rate
         self.reached = [0] * depths  # drafts at depth d that were judged (the ones before accepted)
         self.accepted = [0] * depths
 
@@ -72,10 +88,21 @@ class AcceptanceTracker:
                     hits += a > d
             if not seen:
                 continue
+            memory = min(self.reached[d] + self.PRIOR_OBS, 1.0 / self.alpha)  # observations the rate is worth
+            keep = memory / (memory + seen)
+            self.rates[d] = keep * self.rates[d] + (1.0 - keep) * hits / seen
+            self.prior_share[d] *= keep
             self.reached[d] += seen
             self.accepted[d] += hits
-            weight = 1.0 - (1.0 - self.alpha) ** seen  # `seen` observations at rate alpha each
-            self.rates[d] += weight * (hits / seen - self.rates[d])
+
+    def estimates(self) -> list[float]:
+        """The rates the chooser uses: each rate with its prior's share replaced by the larger of
+        the prior and the estimate of the depth before (see the class note)."""
+        out: list[float] = []
+        for d, (rate, share, prior) in enumerate(zip(self.rates, self.prior_share, self.prior)):
+            hope = max(prior, out[-1]) if d else prior
+            out.append(rate + share * (hope - prior))
+        return out
 
     def measured(self) -> list[float | None]:
         """All-time acceptance rate per depth (None where no draft of that depth was verified)."""

@@ -5,7 +5,13 @@ from __future__ import annotations
 
 import random
 
-from sgl_inkling.speculative.adaptive import EXPLORE_EVERY, AcceptanceTracker, StepCosts, choose_k
+from sgl_inkling.speculative.adaptive import (
+    EXPLORE_EVERY,
+    EXPLORE_SHARE,
+    AcceptanceTracker,
+    StepCosts,
+    choose_k,
+)
 
 
 class DraftControl:
@@ -18,6 +24,7 @@ class DraftControl:
         self.k = num_steps  # drafts of the step being drafted now
         self.k_steps = [0] * (num_steps + 1)  # draft steps per chosen k
         self._since_explore = 0
+        self._time_since_explore = 0.0
         self.forced_accept: float | None = None  # benchmark-only switch (bench_one_batch --mtp-accept)
         self._forced_credit = 0.0
         # Benchmark-only: a_d, the chance that the first d drafts are accepted (bench --mtp-accept-curve).
@@ -26,13 +33,18 @@ class DraftControl:
 
     def choose(self, bs: int) -> int:
         """Drafts for the next step of a batch of bs requests: K unless adaptive; else the best k
-        for the measured costs and running acceptance, one more every EXPLORE_EVERY-th step."""
+        for the measured costs and running acceptance, one more at most every EXPLORE_EVERY-th
+        step and only while exploring has cost under EXPLORE_SHARE of the time since the last time
+        (plain decode next to a costly first draft: drafts that are never right cost little)."""
         k = self.num_steps
         if self.adaptive and self.costs is not None:
-            k = choose_k(self.tracker.rates, self.costs.for_batch(max(bs, 1)))
+            cost = self.costs.for_batch(max(bs, 1))
+            k = choose_k(self.tracker.estimates(), cost)
             self._since_explore += 1
-            if k < self.num_steps and self._since_explore >= EXPLORE_EVERY:
-                k, self._since_explore = k + 1, 0
+            self._time_since_explore += cost[k]
+            if (k < self.num_steps and self._since_explore >= EXPLORE_EVERY
+                    and EXPLORE_SHARE * self._time_since_explore >= cost[k + 1] - cost[k]):  # fmt: skip
+                k, self._since_explore, self._time_since_explore = k + 1, 0, 0.0
         self.k_steps[k] += 1
         return k
 
@@ -44,6 +56,7 @@ class DraftControl:
         self.tracker = AcceptanceTracker(self.num_steps)
         self.k_steps = [0] * (self.num_steps + 1)
         self._since_explore = 0
+        self._time_since_explore = 0.0
         self.k = self.choose(1)
 
     def observe(self, accepted: list[int], drafted: list[int]) -> None:

@@ -168,6 +168,9 @@ CUDA_CASES = [
     ((33, 2, 6, 512, 256, 5), CudaTiles(nt=1, cp_async=6, split_sinks=1)),
     ((9, 1, 4, 256, 384, 40), CudaTiles(nt=1, depth=2, warps=8, x_prefetch=1, cp_async=0, split_sinks=0)),
     ((17, 2, 6, 1024, 512, 100), CudaTiles(nt=4, cp_async=8)),
+    # the sinks through cuBLAS on a side stream, concurrent with the routed launches
+    ((8, 2, 6, 6144, 3072, 1), CudaTiles(nt=1, sink_stream=1)),
+    ((33, 2, 6, 512, 256, 40), CudaTiles(nt=1, sink_stream=1)),
 ]
 
 
@@ -179,6 +182,25 @@ def test_cuda_decode_matches_reference(shape, tiles):
         sw13 = sw2 = gam = None
     got = fused_moe_nvfp4(x, *w13, *w2, ids, weights, sw13, sw2, gam, tiles=tiles)
     _assert_close(got, _reference(x, w13, w2, ids, weights, sw13, sw2, gam), torch.bfloat16)
+
+
+@pytest.mark.skipif(not CUDA, reason="CUDA kernels")
+def test_side_stream_sinks_replay_from_a_cuda_graph():
+    """The side-stream fork and join are captured: replays on new inputs equal the eager call."""
+    tiles = CudaTiles(nt=1, sink_stream=1)
+    x, w13, w2, ids, weights, sw13, sw2, gam = _problem(16, 2, 6, 512, 256, 4, torch.bfloat16, seed=21)
+    static = [t.clone() for t in (x, ids, weights, gam)]
+    fused_moe_nvfp4(static[0], *w13, *w2, static[1], static[2], sw13, sw2, static[3], tiles=tiles)  # builds
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        got = fused_moe_nvfp4(static[0], *w13, *w2, static[1], static[2], sw13, sw2, static[3], tiles=tiles)
+    for seed in (1, 2):
+        x2, _, _, ids2, weights2, _, _, gam2 = _problem(16, 2, 6, 512, 256, 4, torch.bfloat16, seed=seed)
+        for dst, src in zip(static, (x2, ids2, weights2, gam2)):
+            dst.copy_(src)
+        graph.replay()
+        torch.cuda.synchronize()
+        _assert_close(got, _reference(x2, w13, w2, ids2, weights2, sw13, sw2, gam2), torch.bfloat16)
 
 
 @pytest.mark.skipif(not CUDA, reason="CUDA kernels")
