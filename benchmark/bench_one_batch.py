@@ -192,6 +192,20 @@ class Seqs:
             r.req_to_token.write("swa", row, start + have, swa)
             self.slots.append((full, swa))
 
+    def mark(self) -> tuple[list[int], int]:
+        return list(self.lens), len(self.slots)
+
+    def rewind(self, mark: tuple[list[int], int]) -> None:
+        """Back to the lengths of `mark`, the KV slots taken since then freed (the sequences' state
+        past it is stale, which timing on dummy weights does not mind)."""
+        r = self.runner
+        lens, n = mark
+        for full, swa in self.slots[n:]:
+            r.full_pool.allocator.free(full)
+            r.swa_pool.allocator.free(swa)
+        del self.slots[n:]
+        self.lens = list(lens)
+
     def free(self) -> None:
         r = self.runner
         for full, swa in self.slots:

@@ -44,7 +44,8 @@ def run_adaptive(model, cfg, bsz: int, args, gen, h) -> dict:
     modes: list[int | str] = [*range(1, k_max + 1), "adaptive", "learned"]
     timed = args.warmup_steps + args.decode_steps
     learn = {"adaptive": args.mtp_adaptive_warmup, "learned": 3 * args.mtp_adaptive_warmup}
-    ctx = args.input_len + (len(modes) * timed + sum(learn.values())) * (2 * k_max + 2) + 16
+    # Every mode starts from the prompt (Seqs.rewind): a step takes at most 2K + 2 slots per sequence.
+    ctx = args.input_len + (timed + max(learn.values())) * (2 * k_max + 2) + 16
     runner = ModelRunner(model, bsz, ctx, bsz * ctx, attention_backend=args.attention_backend,
                          cuda_graph_max_bs=bsz if clock.cuda else 0)  # fmt: skip
     worker = MTPWorker(runner, k_max, adaptive=True)
@@ -54,6 +55,7 @@ def run_adaptive(model, cfg, bsz: int, args, gen, h) -> dict:
         return torch.randint(0, cfg.unpadded_vocab_size, (bsz, n), generator=gen).tolist()
 
     runner.forward(seqs.batch(rand(args.input_len)))
+    prompt = seqs.mark()
     head_floor = h.to_ms(h.nbytes(model.model.llm.unembed))
     trunk_scale = NUM_FULL_MODEL_LAYERS / len(model.model.llm.layers)
     # The chooser sees the costs of the model the table projects to (the trunk's forwards scaled to 66
@@ -64,6 +66,7 @@ def run_adaptive(model, cfg, bsz: int, args, gen, h) -> dict:
     rates = conditional_rates(curve)
     out = []
     for mode in modes:
+        seqs.rewind(prompt)  # the same context length for every mode
         adaptive = mode in learn
         worker.configure(adaptive=adaptive, costs=worker.costs)
         worker.tracker = AcceptanceTracker(k_max, prior=[0.5] if mode == "learned" else None)

@@ -53,7 +53,9 @@ class CudaTiles:
     cp_async: int = 8  # H200 sweep at 554ba14: the ring with split launches is fastest summed over
     split_sinks: int = 1  # batch 1, 8, 64, but one launch is 9% faster at batch 1 (153 us against 169)
     one_launch_max: int = 1  # and 4% slower at batch 8: one launch up to batch 1
-    sink_stream: int = 0
+    # H200 at 9d18659: the sinks on a side stream beat every in-kernel choice at batch 1 and 8 (146.6
+    # and 603.5 us against 150.8 and 619.9 for the one-launch / split default) and tie at 64.
+    sink_stream: int = 1
 
     def __post_init__(self):
         if self.x_prefetch and self.cp_async:

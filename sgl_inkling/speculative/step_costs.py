@@ -7,13 +7,18 @@ depths' catch-up: after K + 1 plain steps in a row the depths consume those toke
 non-drafting draft step (lagging.py). On CUDA everything comes from the serving graphs just
 captured, replayed on their padded inputs (the reserved row, the padding KV slot) with random token
 ids, so the figures are what serving replays. The padded rows attend over a context of COST_CONTEXT
-tokens (their table row maps every position to the padding slot): with no context at all the verify's
-attention is nearly free, and the H200 slice timed a 9-token verify 23% under the same verify in use.
-Without graphs (benchmark smoke runs) the same padded steps run eagerly.
+tokens whose keys and values are zero (_zero_context): with no context the verify's attention is
+nearly free, and with the padding slot as context every row attends to the same written token, so
+every row's hidden state, and with it the routing, is the same: a batch then reads six experts
+instead of some two hundred, and the H200 NVFP4 slice timed a batch-64 decode step at 61% of the
+same step in use, which made the chooser prefer plain decode. Zero values leave each row its own
+embedding, so the routing spreads as real contexts spread it. Without graphs (benchmark smoke
+runs) the same padded steps run eagerly, with no context.
 """
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 import time
 from collections.abc import Callable
@@ -74,6 +79,29 @@ def _at_context(statics: list[tuple[dict, int]], context: int) -> list[tuple[tor
     return saved
 
 
+@contextlib.contextmanager
+def _zero_context(runner):
+    """The padding row's every position reads one slot of zero keys and values (one slot of each
+    pool, taken from the allocators for the time being): attention does its work over the context
+    and adds nothing to the hidden state. The padded rows still write their own token to slot 0,
+    which nothing reads while this holds."""
+    table = runner.req_to_token
+    pools = {"full": runner.full_pool, "swa": runner.swa_pool}
+    slots = {kind: pool.allocator.alloc(1) for kind, pool in pools.items()}
+    saved = {kind: getattr(table, kind)[table.pad_row].clone() for kind in pools}
+    try:
+        for kind, pool in pools.items():
+            z = slots[kind].to(pool.k[0].device)
+            for buf in pool.k + pool.v:
+                buf[z] = 0
+            getattr(table, kind)[table.pad_row] = z
+        yield
+    finally:
+        for kind, pool in pools.items():
+            getattr(table, kind)[table.pad_row] = saved[kind]
+            pool.allocator.free(slots[kind])
+
+
 def measure_step_costs(
     worker, reps: int = 5, trunk_scale: float = 1.0, head_s: float = 0.0, context: int = COST_CONTEXT
 ) -> StepCosts:
@@ -121,7 +149,7 @@ def measure_step_costs(
     context = max(worker.step.min_start(), min(context, runner.req_to_token.max_context_len - 2 * k_max - 3))
     saved = _at_context(placed, context)
     costs = {}
-    with torch.no_grad():
+    with torch.no_grad(), (_zero_context(runner) if placed else contextlib.nullcontext()):
         for bs in buckets:
             catch_up = _seconds(lambda bs=bs: timed_draft(bs, 0), reps, dev)
             restore = _seconds(lambda bs=bs: timed_restore(bs), reps, dev)
