@@ -41,7 +41,10 @@ class CudaTiles:
     split_sinks, sink and routed blocks in separate launches (each kernel with only its path's
     registers); one_launch_max, the largest batch that default_cuda_tiles gives one launch for sinks
     and routed blocks whatever split_sinks says; sink_stream, the BF16 sinks through cuBLAS on a side
-    stream at every batch, concurrent with the routed launches (kernel_sink_max is then unused)."""
+    stream at every batch, concurrent with the routed launches (kernel_sink_max is then unused); pdl,
+    the down launch as a programmatic dependent launch that starts streaming its weights while the
+    gate/up launch finishes (Hopper); persist, routed-only launches (at most 2 column tiles, with the
+    cp.async ring) as one resident wave of CTAs that stream their tiles back to back."""
 
     nt: int = 1
     depth: int = 4
@@ -56,14 +59,18 @@ class CudaTiles:
     # H200 at 9d18659: the sinks on a side stream beat every in-kernel choice at batch 1 and 8 (146.6
     # and 603.5 us against 150.8 and 619.9 for the one-launch / split default) and tie at 64.
     sink_stream: int = 1
+    pdl: int = 0
+    persist: int = 0
 
     def __post_init__(self):
         if self.x_prefetch and self.cp_async:
             raise ValueError("CudaTiles: x_prefetch is for the register ring, not with cp_async")
 
     def defines(self) -> tuple[tuple[str, int], ...]:
-        names = ("MOE_L2_PREFETCH", "MOE_WARPS", "MOE_DUAL_ACC", "MOE_X_PREFETCH", "MOE_CP_ASYNC", "MOE_SPLIT_SINKS")
-        values = (self.l2, self.warps, self.dual_acc, self.x_prefetch, self.cp_async, self.split_sinks)
+        names = ("MOE_L2_PREFETCH", "MOE_WARPS", "MOE_DUAL_ACC", "MOE_X_PREFETCH", "MOE_CP_ASYNC", "MOE_SPLIT_SINKS",
+                 "MOE_PDL", "MOE_PERSIST")  # fmt: skip
+        values = (self.l2, self.warps, self.dual_acc, self.x_prefetch, self.cp_async, self.split_sinks, self.pdl,
+                  self.persist)  # fmt: skip
         return tuple(zip(names, values))
 
 

@@ -171,6 +171,18 @@ CUDA_CASES = [
     # the sinks through cuBLAS on a side stream, concurrent with the routed launches
     ((8, 2, 6, 6144, 3072, 1), CudaTiles(nt=1, sink_stream=1)),
     ((33, 2, 6, 512, 256, 40), CudaTiles(nt=1, sink_stream=1)),
+    # the down launch as a programmatic dependent launch (weights streamed before the gate/up grid ends)
+    ((8, 2, 6, 6144, 3072, 1), CudaTiles(nt=1, pdl=1)),
+    ((17, 2, 6, 1024, 512, 100), CudaTiles(nt=4, pdl=1, sink_stream=0, split_sinks=1)),
+    ((9, 1, 4, 256, 384, 5), CudaTiles(nt=1, depth=2, x_prefetch=1, cp_async=0, pdl=1, sink_stream=0)),
+    # persistent routed launches (one resident wave streaming its tiles back to back): batch 1 and 64 at
+    # full width, 2 column tiles, sinks in the kernel's split launch, a K whose chunks do not divide
+    # among the warps (the per-tile kernel instead), and with the programmatic down launch
+    ((8, 2, 6, 6144, 3072, 1), CudaTiles(nt=1, persist=1)),
+    ((8, 2, 6, 6144, 3072, 64), CudaTiles(nt=1, persist=1, pdl=1)),
+    ((9, 1, 4, 512, 512, 40), CudaTiles(nt=2, persist=1)),
+    ((33, 2, 6, 512, 256, 5), CudaTiles(nt=1, persist=1, sink_stream=0, split_sinks=1)),
+    ((12, 0, 3, 640, 384, 3), CudaTiles(nt=1, persist=1, pdl=1)),
 ]
 
 
@@ -185,9 +197,11 @@ def test_cuda_decode_matches_reference(shape, tiles):
 
 
 @pytest.mark.skipif(not CUDA, reason="CUDA kernels")
-def test_side_stream_sinks_replay_from_a_cuda_graph():
-    """The side-stream fork and join are captured: replays on new inputs equal the eager call."""
-    tiles = CudaTiles(nt=1, sink_stream=1)
+@pytest.mark.parametrize("pdl,persist", [(0, 0), (1, 0), (1, 1)])
+def test_side_stream_sinks_replay_from_a_cuda_graph(pdl, persist):
+    """The side-stream fork and join (and the programmatic launch edge, the persistent launches) are
+    captured: replays on new inputs equal the reference."""
+    tiles = CudaTiles(nt=1, sink_stream=1, pdl=pdl, persist=persist)
     x, w13, w2, ids, weights, sw13, sw2, gam = _problem(16, 2, 6, 512, 256, 4, torch.bfloat16, seed=21)
     static = [t.clone() for t in (x, ids, weights, gam)]
     fused_moe_nvfp4(static[0], *w13, *w2, static[1], static[2], sw13, sw2, static[3], tiles=tiles)  # builds

@@ -116,6 +116,21 @@ __device__ __forceinline__ uint4 ldg(const void* p) {
   return v;
 }
 
+#ifndef MOE_PDL  // programmatic dependent launch of the down projection (Hopper; see pdl_wait)
+#define MOE_PDL 0
+#endif
+
+// With MOE_PDL the down launch may start while the gate/up launch's last CTAs still run: its CTAs
+// issue their first weight loads (which depend on nothing the gate/up launch writes: the routing
+// was computed before it) and only then wait for the gate/up grid's activations. That overlaps the
+// up launch's tail and the launch gap with weight streaming. Every kernel lets its dependents launch
+// as soon as it starts; a kernel launched without the attribute passes the wait at once.
+__device__ __forceinline__ void pdl_wait() {
+#if MOE_PDL
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
 #ifndef MOE_CP_ASYNC  // stages of a per-warp shared-memory ring for the NVFP4 code stream (0: registers)
 #define MOE_CP_ASYNC 0
 #endif
@@ -305,6 +320,59 @@ struct Args {
   int n_rows, K;
 };
 
+// The end of a tile: the warps' partial products summed in a fixed order (deterministic), then
+// warp 0 writes the tile (SwiGLU into act rows, or weighted into the out slots); the other warps
+// return at once. Every thread of the CTA calls it (one __syncthreads).
+template <bool FP4, int NT, bool UP>
+__device__ __forceinline__ void finish_tile(const Args& a, const Blocks& b, int blk, int rt, int warp, int g,
+                                            int lane4, int e, int s, float (&acc)[NT][4], float (&acc2)[NT][4],
+                                            float (*red)[NT * 4][32]) {
+  constexpr int BM = 8 * NT;
+  const bool sink = !FP4;
+  const int row0 = UP ? rt * 16 + 2 * g : rt * 16 + g;
+  const int row1 = UP ? row0 + 1 : row0 + 8;
+  if (MOE_DUAL_ACC) {
+#pragma unroll
+    for (int i = 0; i < NT; ++i)
+#pragma unroll
+      for (int q = 0; q < 4; ++q) acc[i][q] += acc2[i][q];
+  }
+  if (warp > 0) {
+#pragma unroll
+    for (int i = 0; i < NT; ++i)
+#pragma unroll
+      for (int q = 0; q < 4; ++q) red[warp - 1][i * 4 + q][g * 4 + lane4] = acc[i][q];
+  }
+  __syncthreads();
+  if (warp > 0) return;
+#pragma unroll
+  for (int w = 0; w < kWarps - 1; ++w)
+#pragma unroll
+    for (int i = 0; i < NT; ++i)
+#pragma unroll
+      for (int q = 0; q < 4; ++q) acc[i][q] += red[w][i * 4 + q][g * 4 + lane4];
+
+  const float post = FP4 ? a.scale2[e] * 128.f : 1.f;  // scale2 and the decode's 2^-7
+#pragma unroll
+  for (int i = 0; i < NT; ++i) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {  // C columns of this thread: 2 * lane4 + h
+      const Col c = column(b, blk, 8 * i + 2 * lane4 + h, BM, UP, sink, s);
+      if (!c.ok) continue;
+      if constexpr (UP) {
+        const float gt = acc[i][h] * post, u = acc[i][2 + h] * post;
+        a.act[c.act_row * a.s_at + rt * 8 + g] = __float2bfloat16(gt / (1.f + __expf(-gt)) * u);
+      } else {
+        const float gate = sink ? b.gam[(int64_t)c.tok * b.s_gt + s] : b.weights[c.act_row];
+        float* o = a.out + (int64_t)c.tok * a.s_ot + (int64_t)c.slot * a.s_os;
+        o[row0] = acc[i][h] * post * gate;
+        o[row1] = acc[i][2 + h] * post * gate;
+      }
+    }
+  }
+}
+
+
 // One warp's 16-row tile of block blk: FP4 a routed block, else a BF16 sink block.
 template <bool FP4, int NT, bool UP, int DEPTH>
 __device__ __forceinline__ void tile(const Args& a, const Blocks& b, int blk, int rt, int warp, int g, int lane4,
@@ -312,11 +380,8 @@ __device__ __forceinline__ void tile(const Args& a, const Blocks& b, int blk, in
   constexpr int BM = 8 * NT;
   const bool sink = !FP4;
   const __nv_bfloat16* in = a.in;
-  const int64_t s_in = a.s_in, s_at = a.s_at, s_ot = a.s_ot, s_os = a.s_os;
+  const int64_t s_in = a.s_in;
   const int K = a.K;
-  __nv_bfloat16* act = a.act;
-  float* out = a.out;
-  const float* scale2 = a.scale2;
   int s = 0, e = -1;
   if (sink) {
     s = blk / ((b.T + BM - 1) / BM);
@@ -378,6 +443,7 @@ __device__ __forceinline__ void tile(const Args& a, const Blocks& b, int blk, in
     };
 #pragma unroll
     for (int st = 0; st < S - 1; ++st) issue(warp + kWarps * st, st);
+    pdl_wait();  // the activations below come from the previous launch
     uint32_t xnone[16] = {};
     for (int i = 0; warp + kWarps * i < n_chunks; ++i) {
       const int ch = warp + kWarps * i, st = i % S;
@@ -403,6 +469,7 @@ __device__ __forceinline__ void tile(const Args& a, const Blocks& b, int blk, in
     if (ch < n_chunks) load_chunk<FP4>(buf[d], r0, r1, sc0, sc1, ch, lane4);
   }
   uint32_t xpre[16] = {};
+  pdl_wait();  // the activations below come from the previous launch
   if (MOE_X_PREFETCH && NT == 1 && warp < n_chunks) load_x(xrow[0], xok[0], warp, lane4, xpre);
   for (int i0 = 0; warp + kWarps * i0 < n_chunks; i0 += D) {
 #pragma unroll
@@ -421,46 +488,7 @@ __device__ __forceinline__ void tile(const Args& a, const Blocks& b, int blk, in
     }
   }
   }
-  if (MOE_DUAL_ACC) {
-#pragma unroll
-    for (int i = 0; i < NT; ++i)
-#pragma unroll
-      for (int q = 0; q < 4; ++q) acc[i][q] += acc2[i][q];
-  }
-  // Sum the warps' partial products in a fixed order (deterministic); warp 0 writes the tile.
-  if (warp > 0) {
-#pragma unroll
-    for (int i = 0; i < NT; ++i)
-#pragma unroll
-      for (int q = 0; q < 4; ++q) red[warp - 1][i * 4 + q][g * 4 + lane4] = acc[i][q];
-  }
-  __syncthreads();
-  if (warp > 0) return;
-#pragma unroll
-  for (int w = 0; w < kWarps - 1; ++w)
-#pragma unroll
-    for (int i = 0; i < NT; ++i)
-#pragma unroll
-      for (int q = 0; q < 4; ++q) acc[i][q] += red[w][i * 4 + q][g * 4 + lane4];
-
-  const float post = FP4 ? scale2[e] * 128.f : 1.f;  // scale2 and the decode's 2^-7
-#pragma unroll
-  for (int i = 0; i < NT; ++i) {
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {  // C columns of this thread: 2 * lane4 + h
-      const Col c = column(b, blk, 8 * i + 2 * lane4 + h, BM, UP, sink, s);
-      if (!c.ok) continue;
-      if constexpr (UP) {
-        const float gt = acc[i][h] * post, u = acc[i][2 + h] * post;
-        act[c.act_row * s_at + rt * 8 + g] = __float2bfloat16(gt / (1.f + __expf(-gt)) * u);
-      } else {
-        const float gate = sink ? b.gam[(int64_t)c.tok * b.s_gt + s] : b.weights[c.act_row];
-        float* o = out + (int64_t)c.tok * s_ot + (int64_t)c.slot * s_os;
-        o[row0] = acc[i][h] * post * gate;
-        o[row1] = acc[i][2 + h] * post * gate;
-      }
-    }
-  }
+  finish_tile<FP4, NT, UP>(a, b, blk, rt, warp, g, lane4, e, s, acc, acc2, red);
 }
 
 #ifndef MOE_SPLIT_SINKS  // sink and routed blocks in separate launches, each kernel with only its path
@@ -472,6 +500,9 @@ __device__ __forceinline__ void tile(const Args& a, const Blocks& b, int blk, in
 template <int NT, bool UP, int DEPTH, int PATHS>
 __global__ void __launch_bounds__(kWarps * 32) moe_w4a16_kernel(Args a, Blocks b) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+#if MOE_PDL
+  asm volatile("griddepcontrol.launch_dependents;");
+#endif
   const int rt = blockIdx.x;  // 16-row tile
   const int blk = b.block_lo + blockIdx.y;
   __shared__ float red[kWarps - 1][NT * 4][32];  // the other warps' partial tiles
@@ -485,18 +516,163 @@ __global__ void __launch_bounds__(kWarps * 32) moe_w4a16_kernel(Args a, Blocks b
   }
 }
 
+#ifndef MOE_PERSIST  // routed-only launches of at most 2 column tiles as one resident wave of CTAs
+#define MOE_PERSIST 0
+#endif
+
+// Persistent routed projection: one wave of CTAs (as many as fit on the GPU), each taking an equal
+// run of consecutive (block, 16-row tile) items and streaming their code chunks back to back through
+// one cp.async ring, so the ring never drains between tiles: a CTA per tile pays the DRAM latency to
+// fill its ring and waits at its end, and at batch 1 a tile is only 24-48 KB. Warps split each tile's
+// K as in tile(); the reduction buffer alternates between tiles, so warps 1.. go on with the next tile
+// while warp 0 writes this one (one __syncthreads per tile). Needs the ring (MOE_CP_ASYNC) and a K
+// whose chunks divide among the warps; moe_align puts the real blocks first (-1 past them).
+template <int NT, bool UP>
+__global__ void __launch_bounds__(kWarps * 32) moe_w4a16_persist_kernel(Args a, Blocks b, int n_blocks) {
+  constexpr int S = MOE_CP_ASYNC > 2 ? MOE_CP_ASYNC : 2;
+  constexpr int BM = 8 * NT;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, lane4 = lane & 3;
+#if MOE_PDL
+  asm volatile("griddepcontrol.launch_dependents;");
+#endif
+  __shared__ float red[2][kWarps - 1][NT * 4][32];
+  __shared__ uint4 ring[kWarps][S][2][32];
+  __shared__ uint32_t sring[kWarps][S][2][16];
+  const int64_t* block_expert = b.block_expert + (b.block_lo - b.n_sink_blocks);
+  int n_real = 0;
+  for (int base = 0; base < n_blocks; base += kWarps * 32) {
+    const int i = base + threadIdx.x;
+    n_real += __syncthreads_count(i < n_blocks && block_expert[i] >= 0);
+  }
+  const int n_rt = a.n_rows / 16, cpw = a.K / kChunk / kWarps;
+  const int64_t items = (int64_t)n_real * n_rt;
+  const int i0 = (int)(items * blockIdx.x / gridDim.x), n_items = (int)(items * (blockIdx.x + 1) / gridDim.x) - i0;
+  if (n_items <= 0) return;
+  const int sw = g * 2 + (lane4 >> 1);
+
+  // The issue side walks (item, chunk) in the order the loop below consumes them.
+  int is_item = 0, is_ci = 0;
+  const uint8_t *p0, *p1, *ps0, *ps1;
+  auto rows_of = [&](int item) {
+    const int rt = item % n_rt;
+    const int64_t e = block_expert[item / n_rt];
+    const int row0 = UP ? rt * 16 + 2 * g : rt * 16 + g;
+    const int row1 = UP ? row0 + 1 : row0 + 8;
+    p0 = a.codes + e * a.s_ce + row0 * a.s_cr;
+    p1 = a.codes + e * a.s_ce + row1 * a.s_cr;
+    ps0 = a.scales + e * a.s_se + row0 * a.s_sr;
+    ps1 = a.scales + e * a.s_se + row1 * a.s_sr;
+  };
+  rows_of(i0);
+  auto issue = [&](int st) {
+    if (is_item < n_items) {
+      const int ch = warp + kWarps * is_ci;
+      cp_async16(&ring[warp][st][0][g * 4 + lane4], p0 + ch * 64 + lane4 * 16);
+      cp_async16(&ring[warp][st][1][g * 4 + lane4], p1 + ch * 64 + lane4 * 16);
+      if ((lane4 & 1) == 0) {
+        cp_async4(&sring[warp][st][0][sw], ps0 + ch * 8 + lane4 * 2);
+        cp_async4(&sring[warp][st][1][sw], ps1 + ch * 8 + lane4 * 2);
+      }
+      if (++is_ci == cpw) {
+        is_ci = 0;
+        if (++is_item < n_items) rows_of(i0 + is_item);
+      }
+    }
+    cp_async_commit();
+  };
+#pragma unroll
+  for (int st = 0; st < S - 1; ++st) issue(st);
+  pdl_wait();  // the activations below come from the previous launch
+
+  uint32_t xnone[16] = {};
+  int q = 0;  // chunks consumed so far (ring stage q % S)
+  for (int it = 0; it < n_items; ++it) {
+    const int item = i0 + it, blk = b.block_lo + item / n_rt, rt = item % n_rt;
+    const int e = (int)block_expert[item / n_rt];
+    const __nv_bfloat16* xrow[NT];
+    bool xok[NT];
+#pragma unroll
+    for (int i = 0; i < NT; ++i) {
+      const Col c = column(b, blk, 8 * i + g, BM, UP, false, 0);
+      xrow[i] = a.in + c.in_row * a.s_in;
+      xok[i] = c.ok;
+    }
+    float acc[NT][4], acc2[NT][4];
+#pragma unroll
+    for (int i = 0; i < NT; ++i)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) acc[i][r] = acc2[i][r] = 0.f;
+    for (int ci = 0; ci < cpw; ++ci, ++q) {
+      const int st = q % S;
+      cp_async_wait<S - 2>();
+      __syncwarp();
+      WChunk<true> c;
+      c.w[0] = ring[warp][st][0][g * 4 + lane4];
+      c.w[1] = ring[warp][st][1][g * 4 + lane4];
+      const int sh = (lane4 & 1) * 16;
+      c.s[0] = static_cast<uint16_t>(sring[warp][st][0][sw] >> sh);
+      c.s[1] = static_cast<uint16_t>(sring[warp][st][1][sw] >> sh);
+      __syncwarp();
+      issue((q + S - 1) % S);
+      compute_chunk<true, NT>(acc, acc2, c, xrow, xok, warp + kWarps * ci, lane4, xnone);
+    }
+    finish_tile<true, NT, UP>(a, b, blk, rt, warp, g, lane4, e, 0, acc, acc2, red[it & 1]);
+  }
+  cp_async_wait<0>();
+}
+
+// A launch with the programmatic-dependent attribute for the down projection when MOE_PDL.
+template <bool UP, typename... P, typename... A>
+cudaError_t launch_kernel(void (*kernel)(P...), dim3 grid, dim3 block, cudaStream_t stream, A... args) {
+  if (!MOE_PDL || UP) {
+    kernel<<<grid, block, 0, stream>>>(args...);
+    return cudaGetLastError();
+  }
+  cudaLaunchAttribute attr;
+  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.stream = stream;
+  cfg.attrs = &attr;
+  cfg.numAttrs = 1;
+  return cudaLaunchKernelEx(&cfg, kernel, args...);
+}
+
+// One resident wave: the CTAs that fit on every SM at once (asked once per kernel), at most one per item.
+template <int NT, bool UP>
+cudaError_t launch_persist(int n_blocks, const Args& a, const Blocks& b, cudaStream_t stream) {
+  static int wave = 0;
+  if (wave == 0) {
+    int dev = 0, sms = 0, per_sm = 0;
+    cudaGetDevice(&dev);
+    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, moe_w4a16_persist_kernel<NT, UP>, kWarps * 32, 0);
+    wave = sms * (per_sm > 0 ? per_sm : 1);
+  }
+  const int64_t items = (int64_t)n_blocks * (a.n_rows / 16);
+  const int grid = (int)(items < wave ? items : wave);
+  return launch_kernel<UP>(moe_w4a16_persist_kernel<NT, UP>, dim3(grid), dim3(kWarps * 32), stream, a, b, n_blocks);
+}
+
 template <int NT, bool UP, int DEPTH, int PATHS>
 cudaError_t launch_range(int lo, int hi, const Args& a, Blocks b, cudaStream_t stream) {
   if (hi <= lo) return cudaSuccess;
   b.block_lo = lo;
-  moe_w4a16_kernel<NT, UP, DEPTH, PATHS><<<dim3(a.n_rows / 16, hi - lo), kWarps * 32, 0, stream>>>(a, b);
-  return cudaGetLastError();
+  if constexpr (PATHS == 1 && NT <= 2 && MOE_PERSIST && MOE_CP_ASYNC > 0) {
+    if ((a.K / kChunk) % kWarps == 0) return launch_persist<NT, UP>(hi - lo, a, b, stream);
+  }
+  return launch_kernel<UP>(moe_w4a16_kernel<NT, UP, DEPTH, PATHS>, dim3(a.n_rows / 16, hi - lo), dim3(kWarps * 32),
+                           stream, a, b);
 }
 
 template <int NT, bool UP, int DEPTH>
 cudaError_t launch_depth(int n_blocks, const Args& a, const Blocks& b, cudaStream_t stream) {
   const int lo = b.block_lo, hi = b.block_lo + n_blocks;
   if constexpr (!MOE_SPLIT_SINKS) {
+    // No sink block in range (sinks through cuBLAS): the routed-only kernel, with only its registers.
+    if (lo >= b.n_sink_blocks) return launch_range<NT, UP, DEPTH, 1>(lo, hi, a, b, stream);
     return launch_range<NT, UP, DEPTH, 0>(lo, hi, a, b, stream);
   } else {
     const int mid = hi < b.n_sink_blocks ? hi : (lo > b.n_sink_blocks ? lo : b.n_sink_blocks);
