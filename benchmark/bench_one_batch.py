@@ -469,6 +469,8 @@ def main(argv: list[str] | None = None) -> dict:
                    help="untimed steps in which the adaptive run learns the acceptance curve")
     p.add_argument("--mtp-adaptive-only", action="store_true",
                    help="with --mtp: only the fixed k = 1..K and adaptive runs (skip the forced-length timings)")
+    p.add_argument("--mtp-forced-only", action="store_true",
+                   help="with --mtp: only the forced-length timings (skip the fixed k and adaptive runs)")
     p.add_argument("--load-format", choices=("dummy",), default="dummy")
     p.add_argument("--quantization", choices=NVFP4_METHODS, default=None,
                    help="routed experts in NVFP4 (random codes and scales; W4A16 kernel on CUDA); default BF16")
@@ -503,8 +505,9 @@ def main(argv: list[str] | None = None) -> dict:
         if not args.mtp_adaptive_only:
             mtp = [mtp_timing.run_mtp(model, config.text, bsz, args, gen, sys.modules[__name__])
                    for bsz in args.batch_size]  # fmt: skip
-        adaptive = [mtp_adaptive.run_adaptive(model, config.text, bsz, args, gen, sys.modules[__name__])
-                    for bsz in args.batch_size]  # fmt: skip
+        if not args.mtp_forced_only:
+            adaptive = [mtp_adaptive.run_adaptive(model, config.text, bsz, args, gen, sys.modules[__name__])
+                        for bsz in args.batch_size]  # fmt: skip
 
     try:
         import triton

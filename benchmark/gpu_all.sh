@@ -3,17 +3,16 @@
 # minutes; each stage has its own limit so one hang cannot eat the rest):
 #   1. GPU tests: the CUDA NVFP4 decode kernels against the reference, the fused decode kernels, no
 #      Triton compile after warm-up, the overlapped decode step without host syncs,
-#   2. bench_moe_nvfp4 at inkling-slice width: the default dispatch (CUDA kernels) beside the row-block
-#      GEMV path they replace and three build variants (one launch for sinks and routed, the register ring, the
-#      activation prefetch), batch 1, 8 and 64; decode below uses the fastest,
+#   2. bench_moe_nvfp4 at inkling-slice width: the default dispatch (CUDA kernels) beside build variants
+#      (programmatic down launch, persistent routed launches, the in-kernel sinks), batch 1, 8 and 64;
+#      decode below uses the fastest,
 #   3. bench_one_batch on inkling-slice with NVFP4 experts, CUDA graphs, batch 1 and 64 (per-layer floor),
-#   4. the same with MTP: forced acceptance 2.5 / 4.5, and fixed k = 1..8 against adaptive under the
-#      public per-depth curve at batch 1, 8, 64,
-#   5. adaptive MTP with BF16 experts (fixed k = 1..8 against the chooser, batch 1, 8, 64),
-#   6. the NVFP4 slice served through sglang.Engine (CUDA graphs, greedy repeat identical),
-#   7. if the time is left, the overlap scheduler: HTTP TPOT at concurrency 1 with and without it.
-# JSON goes to $OUT, the stage logs to $OUT/logs.tgz (at most 8 files come back). The machine has no
-# .git of this commit: pass GIT_COMMIT=<sha>.
+#   4. the same with MTP: forced acceptance 2.5 / 4.5; then fixed k = 1..8 against the adaptive chooser
+#      under the public per-depth curve at batch 1, 8, 64 (benchmark/mtp_adaptive.py), NVFP4 and BF16,
+#   5. the NVFP4 slice served through sglang.Engine (CUDA graphs, greedy repeat identical),
+#   6. if the time is left, the overlap scheduler: HTTP TPOT at concurrency 1 with and without it.
+# STAGES picks stages by name (see below). JSON goes to $OUT, the stage logs to $OUT/logs.tgz (at most
+# 8 files come back). The machine has no .git of this commit: pass GIT_COMMIT=<sha>.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 . benchmark/gpu_stage.sh
@@ -21,32 +20,42 @@ LOGS="${LOGS:-/tmp/gpu_all_logs}"
 gpu_begin gpu_all
 export PYTHONUNBUFFERED=1
 
+# STAGES (default all): the stages to run, by name, e.g. STAGES="tests bench_moe bench_nvfp4 mtp_adaptive_nvfp4".
+STAGES="${STAGES:-tests bench_moe bench_nvfp4 bench_nvfp4_mtp mtp_adaptive_nvfp4 mtp_adaptive_bf16 serve_nvfp4 overlap}"
+want() { [[ " $STAGES " == *" $1 "* ]]; }
 M=test/kernels/test_fused_moe_nvfp4.py
-stage tests 200 "$PY" -m pytest -q -p no:cacheprovider "$M::test_cuda_decode_matches_reference" \
-  "$M::test_cuda_decode_is_the_default_and_skips_foreign_ids" "$M::test_blas_sinks_match_a_brute_force" \
-  test/kernels/test_qkvr_epilogue.py test/kernels/test_sconv_norm.py test/gpu/test_kernel_warmup.py \
-  test/gpu/test_overlap_gpu.py test/gpu/test_mtp_sample_accept_sync.py
-stage bench_moe 90 "$PY" benchmark/bench_moe_nvfp4.py --no-bf16 --replays 10 --batch-sizes 1 8 64 \
-  --tiles default "g:1,32,64,16,8,2,0@1" "g:2,32,64,8,8,4,0@8,64" "c:1,4,8,256,4,1,0,8,0" "c:1,4,8,256,4,1,0,0,0" \
-  "c:1,2,8,256,4,1,1,0,0" \
+CASES=("$M::test_cuda_decode_matches_reference" "$M::test_side_stream_sinks_replay_from_a_cuda_graph"
+  "$M::test_cuda_decode_is_the_default_and_skips_foreign_ids" "$M::test_blas_sinks_match_a_brute_force")
+want tests && stage tests 200 "$PY" -m pytest -q -p no:cacheprovider "${CASES[@]}" test/gpu/test_kernel_warmup.py \
+  test/kernels/test_qkvr_epilogue.py test/kernels/test_sconv_norm.py test/gpu/test_overlap_gpu.py \
+  test/gpu/test_mtp_sample_accept_sync.py
+# The shipped default (sinks on a side stream), it with the programmatic down launch, with persistent routed
+# launches, and both; then the in-kernel sinks (one launch, split) it replaced.
+want bench_moe && stage bench_moe 120 "$PY" benchmark/bench_moe_nvfp4.py --no-bf16 --replays 10 --batch-sizes 1 8 64 \
+  --tiles default "c:1,4,8,256,4,1,0,8,1,1,1,1,0" "c:1,4,8,256,4,1,0,8,1,1,1,0,1" "c:1,4,8,256,4,1,0,8,1,1,1,1,1" \
+  "c:1,4,8,256,4,1,0,8,0,1,0,0,0" "c:1,4,8,256,4,1,0,8,1,0,0,0,0" \
   --result-file "$OUT/bench_moe_nvfp4_inkling-slice.json"
 # Decode is timed with the build the sweep found fastest (moe_build.py --pick; "" is the shipped default).
-MOE_BUILD=$("$PY" benchmark/moe_build.py --pick "$OUT/bench_moe_nvfp4_inkling-slice.json" 2>/dev/null)
+MOE_BUILD=""
+[ -f "$OUT/bench_moe_nvfp4_inkling-slice.json" ] && MOE_BUILD=$("$PY" benchmark/moe_build.py --pick "$OUT/bench_moe_nvfp4_inkling-slice.json" 2>/dev/null)
 echo "== MoE build for decode: '${MOE_BUILD}'" | tee -a "$OUT/gpu.txt"
 COMMON=(--config slice --input-len 1024 --decode-steps 10 --prefill-repeats 1 --fast-path kernels --cuda-graph
   --quantization modelopt_fp4 --moe-build "$MOE_BUILD")
-stage bench_nvfp4 70 "$PY" benchmark/bench_one_batch.py "${COMMON[@]}" --batch-size 1 64 \
+want bench_nvfp4 && stage bench_nvfp4 75 "$PY" benchmark/bench_one_batch.py "${COMMON[@]}" --batch-size 1 64 \
   --result-file "$OUT/bench_one_batch_nvfp4_inkling-slice.json"
-stage bench_nvfp4_mtp 170 "$PY" benchmark/bench_one_batch.py "${COMMON[@]}" --batch-size 1 8 64 --mtp \
-  --mtp-accept 2.5 4.5 --mtp-adaptive-warmup 40 --decode-steps 8 \
-  --result-file "$OUT/bench_one_batch_mtp_nvfp4_inkling-slice.json"
-stage mtp_adaptive_bf16 120 "$PY" benchmark/bench_one_batch.py --config slice --batch-size 1 8 64 --mtp \
-  --mtp-adaptive-only --mtp-adaptive-warmup 40 --input-len 1024 --decode-steps 8 --warmup-steps 2 \
-  --prefill-repeats 1 --fast-path kernels --cuda-graph --result-file "$OUT/bench_one_batch_mtp_adaptive_bf16_inkling-slice.json"
-stage serve_nvfp4 50 "$PY" benchmark/gpu_nvfp4_serve_check.py "$OUT/gpu_nvfp4_serve_check.json"
+want bench_nvfp4_mtp && stage bench_nvfp4_mtp 170 "$PY" benchmark/bench_one_batch.py "${COMMON[@]}" --batch-size 1 8 64 \
+  --mtp --mtp-accept 2.5 4.5 --mtp-forced-only --decode-steps 8 --result-file "$OUT/bench_one_batch_mtp_nvfp4_inkling-slice.json"
+ADAPTIVE=(--config slice --batch-size 1 8 64 --mtp --mtp-adaptive-only --mtp-adaptive-warmup 40 --input-len 1024
+  --decode-steps 8 --warmup-steps 2 --prefill-repeats 1 --fast-path kernels --cuda-graph)
+want mtp_adaptive_nvfp4 && stage mtp_adaptive_nvfp4 180 "$PY" benchmark/bench_one_batch.py "${ADAPTIVE[@]}" \
+  --quantization modelopt_fp4 --moe-build "$MOE_BUILD" \
+  --result-file "$OUT/bench_one_batch_mtp_adaptive_nvfp4_inkling-slice.json"
+want mtp_adaptive_bf16 && stage mtp_adaptive_bf16 180 "$PY" benchmark/bench_one_batch.py "${ADAPTIVE[@]}" \
+  --result-file "$OUT/bench_one_batch_mtp_adaptive_bf16_inkling-slice.json"
+want serve_nvfp4 && stage serve_nvfp4 50 "$PY" benchmark/gpu_nvfp4_serve_check.py "$OUT/gpu_nvfp4_serve_check.json"
 # The overlap check runs only with the time it needs left of the call's budget (BUDGET_S seconds in all).
 left=$((${BUDGET_S:-575} - (SECONDS - START)))
-if [ "$left" -ge 150 ]; then
+if want overlap && [ "$left" -ge 150 ]; then
   stage overlap "$left" "$PY" benchmark/gpu_overlap_check.py "$OUT/gpu_overlap_check.json"
 else
   echo "== overlap: skipped, $left s left"

@@ -51,8 +51,9 @@ def load(paths: list[Path], include_cpu: bool) -> dict[tuple[str, str], dict]:
             out["sources"] = [d.get("timestamp") for d in ds]
             # Rows may come from older files (batch sizes the newest lacks): name every commit.
             out["source_commits"] = list(dict.fromkeys(str(d.get("git_commit"))[:8] for d in reversed(ds)))
-            mtp = {m["batch_size"]: m for d in ds for m in d.get("mtp") or []}
-            out["mtp"] = [mtp[b] for b in sorted(mtp)]
+            for key in ("mtp", "mtp_adaptive"):  # by batch size, newer files first
+                by_bs = {m["batch_size"]: m for d in ds for m in d.get(key) or []}
+                out[key] = [by_bs[b] for b in sorted(by_bs)]
         merged[(kind, cfg)] = out
     return merged
 
