@@ -61,17 +61,17 @@ def _random_ids(ids: torch.Tensor, vocab: int, seed: int = 0) -> None:
     ids.copy_(torch.randint(0, vocab, ids.shape, generator=gen, device=ids.device))
 
 
-def _at_context(statics: list[tuple[dict, int]], context: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+def _at_context(statics: list[tuple[dict, int]], context: int, draft_start: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Puts the padded rows of the timed steps `context` tokens into their sequence: decode and
-    verify inputs ({"positions", "prefix_lens"}, `width` tokens per request) and the draft step's
-    ({"start"}); returns (tensor, saved copy) pairs for the caller to restore."""
+    verify inputs ({"positions", "prefix_lens"}, `width` tokens per request); the draft step's
+    ({"start"}) at draft_start; returns (tensor, saved copy) pairs for the caller to restore."""
     saved = []
     for s, width in statics:
         for f in ("positions", "prefix_lens", "start"):
             if f in s:
                 saved.append((s[f], s[f].clone()))
         if "start" in s:
-            s["start"].fill_(context)
+            s["start"].fill_(draft_start)
             continue
         s["prefix_lens"].fill_(context)
         cols = torch.arange(width, device=s["positions"].device) + context
@@ -80,11 +80,12 @@ def _at_context(statics: list[tuple[dict, int]], context: int) -> list[tuple[tor
 
 
 @contextlib.contextmanager
-def _zero_context(runner):
-    """The padding row's every position reads one slot of zero keys and values (one slot of each
-    pool, taken from the allocators for the time being): attention does its work over the context
-    and adds nothing to the hidden state. The padded rows still write their own token to slot 0,
-    which nothing reads while this holds."""
+def _zero_context(runner, upto: int):
+    """The padding row's positions below `upto` read one slot of zero keys and values (one slot of
+    each pool, taken from the allocators for the time being): attention does its work over them and
+    adds nothing to the hidden state. Decode and verify rows write their tokens to slot 0 (their
+    static out_loc), which nothing reads while this holds; the draft step writes through the table,
+    at positions from `upto` on, which still map to slot 0."""
     table = runner.req_to_token
     pools = {"full": runner.full_pool, "swa": runner.swa_pool}
     slots = {kind: pool.allocator.alloc(1) for kind, pool in pools.items()}
@@ -94,7 +95,7 @@ def _zero_context(runner):
             z = slots[kind].to(pool.k[0].device)
             for buf in pool.k + pool.v:
                 buf[z] = 0
-            getattr(table, kind)[table.pad_row] = z
+            getattr(table, kind)[table.pad_row, :upto] = z
         yield
     finally:
         for kind, pool in pools.items():
@@ -146,10 +147,13 @@ def measure_step_costs(
     vocab = runner.model.cfg.unpadded_vocab_size
     for ids in statics:
         _random_ids(ids, vocab)
-    context = max(worker.step.min_start(), min(context, runner.req_to_token.max_context_len - 2 * k_max - 3))
-    saved = _at_context(placed, context)
+    # Decode and verify rows attend over [0, context + K]; the draft step starts past them (its tokens
+    # are written through the table) and reaches 2K + 1 tokens further.
+    context = max(worker.step.min_start(), min(context, runner.req_to_token.max_context_len - 3 * k_max - 3))
+    draft_start = context + k_max + 1
+    saved = _at_context(placed, context, draft_start)
     costs = {}
-    with torch.no_grad(), (_zero_context(runner) if placed else contextlib.nullcontext()):
+    with torch.no_grad(), (_zero_context(runner, draft_start) if placed else contextlib.nullcontext()):
         for bs in buckets:
             catch_up = _seconds(lambda bs=bs: timed_draft(bs, 0), reps, dev)
             restore = _seconds(lambda bs=bs: timed_restore(bs), reps, dev)
