@@ -41,7 +41,8 @@ def run_adaptive(model, cfg, bsz: int, args, gen, h) -> dict:
     k_max = args.mtp_steps
     curve = list(args.mtp_accept_curve)[:k_max]
     clock = h.Clock(model.model.llm.embed.weight.device)
-    modes: list[int | str] = [*range(1, k_max + 1), "adaptive", "learned"]
+    # k = 0 is plain decode timed the same way, the base of the speed-ups (and a fixed k like the rest).
+    modes: list[int | str] = [*range(0, k_max + 1), "adaptive", "learned"]
     timed = args.warmup_steps + args.decode_steps
     learn = {"adaptive": args.mtp_adaptive_warmup, "learned": 3 * args.mtp_adaptive_warmup}
     # Every mode starts from the prompt (Seqs.rewind): a step takes at most 2K + 2 slots per sequence.
@@ -77,7 +78,7 @@ def run_adaptive(model, cfg, bsz: int, args, gen, h) -> dict:
         lag = [0]  # plain steps the depths are behind (the same for every sequence of the batch)
         for step in range(warm + args.decode_steps):
             if k == 0:
-                k_next, times, emitted = _plain_step(worker, runner, seqs, clock, rand, lag, bsz)
+                k_next, times, emitted = _plain_step(worker, runner, seqs, clock, rand, lag, adaptive, bsz)
             else:
                 k_next, times, emitted = _step(worker, runner, seqs, clock, rand, k, adaptive, bsz)
             if step >= warm:
@@ -118,6 +119,8 @@ def run_adaptive(model, cfg, bsz: int, args, gen, h) -> dict:
         "step_costs": worker.costs.as_dict(),
         "runs": out,
         "best_fixed_k": best["k"],
+        # Plain decode without MTP: the k = 0 run's forward alone (no lagging depths to catch up).
+        "plain_tok_per_s_per_user_66": 1e3 / (max(by_mode[0]["verify_ms"] - head_floor, 0.0) * trunk_scale + head_floor),
         "adaptive_vs_best_fixed": tps(by_mode["adaptive"]) / tps(best),
         "learned_vs_best_fixed": tps(by_mode["learned"]) / tps(best),
         "learned_warmup_steps": learn["learned"],
@@ -169,7 +172,8 @@ def _step(worker: MTPWorker, runner, seqs, clock, rand, k: int, adaptive: bool, 
     return k_next, (clock.ms(a, b), clock.ms(c, e)), statistics.fmean(kept)
 
 
-def _plain_step(worker: MTPWorker, runner, seqs, clock, rand, lag: list[int], bsz: int) -> tuple[int, tuple, float]:
+def _plain_step(worker: MTPWorker, runner, seqs, clock, rand, lag: list[int], adaptive: bool,
+                bsz: int) -> tuple[int, tuple, float]:  # fmt: skip
     """k = 0: one plain decode step; the depths catch up when their buffers are full (before the
     step) or when the next step drafts (after it). Returns what _step does."""
     dev, cap = runner.device, worker.lag_capacity
@@ -185,7 +189,7 @@ def _plain_step(worker: MTPWorker, runner, seqs, clock, rand, lag: list[int], bs
     worker.lag_ids[rows, lag[0]] = fb.input_ids
     worker.lag_hidden[rows, lag[0]] = out.hidden.float()
     lag[0] += 1
-    k_next = worker.choose(bsz)
+    k_next = worker.choose(bsz) if adaptive else 0
     d = clock.start()
     if k_next:
         _catch_up(worker, seqs, rows, lag, k_next, rand, bsz)
@@ -217,7 +221,7 @@ def print_adaptive_table(results: list[dict], runs: list[dict]) -> None:
     print(f"{'bs':>3} {'k':>8} {'tok/step':>8} {'verify ms':>9} {'draft ms':>8} {'tok/s/user':>10} "
           f"{'@66':>8} {'x plain':>7}")  # fmt: skip
     for m in results:
-        base = plain_tok_per_s_66(runs, m["batch_size"])
+        base = m.get("plain_tok_per_s_per_user_66") or plain_tok_per_s_66(runs, m["batch_size"])
         for r in m["runs"]:
             tps66 = r["extrapolated_66_layers"]["tok_per_s_per_user"]
             ratio = tps66 / base if base else float("nan")

@@ -69,7 +69,7 @@ def project_batch(m: dict, plain66_ms: float, scale: float, fit: dict, alpha: fl
     plain = plain66_ms * scale + comm_ms(b, bytes8, alpha, beta, NUM_FULL_MODEL_LAYERS)
     by_k = []
     for r in m["runs"]:
-        if not isinstance(r["k"], int):  # the adaptive runs
+        if not isinstance(r["k"], int) or r["k"] == 0:  # the adaptive runs; plain decode is `plain`
             continue
         k = r["k"]
         one_gpu = r["extrapolated_66_layers"]["step_ms"]

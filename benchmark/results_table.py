@@ -113,7 +113,9 @@ def mtp_table(d: dict) -> str:
     rows = []
     for m in d["mtp"]:
         base = plain.get(m["batch_size"]) or {}
-        base_tps = base.get("cuda_graph_tok_per_s_per_user") or base.get("tok_per_s_per_user")
+        # Plain decode timed as the MTP runs are (k = 0) where the run has it, else the decode table's.
+        base_tps = m.get("plain_tok_per_s_per_user_66") or base.get("cuda_graph_tok_per_s_per_user") \
+            or base.get("tok_per_s_per_user")  # fmt: skip
         verify = (m.get("verify_cuda_graph") or {}).get("ms")
         for r in m["runs"]:
             e = r["extrapolated_66_layers"]
@@ -137,7 +139,9 @@ def adaptive_table(d: dict) -> str:
     rows = []
     for m in d["mtp_adaptive"]:
         base = plain.get(m["batch_size"]) or {}
-        base_tps = base.get("cuda_graph_tok_per_s_per_user") or base.get("tok_per_s_per_user")
+        # Plain decode timed as the MTP runs are (k = 0) where the run has it, else the decode table's.
+        base_tps = m.get("plain_tok_per_s_per_user_66") or base.get("cuda_graph_tok_per_s_per_user") \
+            or base.get("tok_per_s_per_user")  # fmt: skip
         by_k = {r["k"]: r for r in m["runs"]}
         best, ad = by_k[m["best_fixed_k"]], by_k["adaptive"]
         used = ", ".join(f"{k}: {n}" for k, n in sorted(ad["k_used"].items(), key=lambda kv: -kv[1]))
