@@ -23,22 +23,34 @@ export PYTHONUNBUFFERED=1
 # STAGES (default all): the stages to run, by name, e.g. STAGES="tests bench_moe bench_nvfp4 mtp_adaptive_nvfp4".
 STAGES="${STAGES:-tests bench_moe bench_nvfp4 bench_nvfp4_mtp mtp_adaptive_nvfp4 mtp_adaptive_bf16 serve_nvfp4 overlap}"
 want() { [[ " $STAGES " == *" $1 "* ]]; }
+# The MoE build sweep: the shipped default (sinks on a side stream), it with the programmatic down launch,
+# with persistent routed launches, and both; both with the sinks in their own launch on the main stream
+# instead (a side stream's kernels can keep some of a persistent wave's CTAs from starting); the split
+# in-kernel sinks of 554ba14.
+SWEEP=(default "c:1,4,8,256,4,1,0,8,1,1,1,1,0" "c:1,4,8,256,4,1,0,8,1,1,1,0,1" "c:1,4,8,256,4,1,0,8,1,1,1,1,1"
+  "c:1,4,8,256,4,1,0,8,1,0,0,1,1" "c:1,4,8,256,4,1,0,8,1,0,0,0,0")
+# Every CUDA MoE library the tests and the sweep load, built in parallel first.
+stage prebuild 90 "$PY" benchmark/prebuild_cuda.py "${SWEEP[@]}"
 M=test/kernels/test_fused_moe_nvfp4.py
 CASES=("$M::test_cuda_decode_matches_reference" "$M::test_side_stream_sinks_replay_from_a_cuda_graph"
   "$M::test_cuda_decode_is_the_default_and_skips_foreign_ids" "$M::test_blas_sinks_match_a_brute_force")
-want tests && stage tests 200 "$PY" -m pytest -q -p no:cacheprovider "${CASES[@]}" test/gpu/test_kernel_warmup.py \
-  test/kernels/test_qkvr_epilogue.py test/kernels/test_sconv_norm.py test/gpu/test_overlap_gpu.py \
-  test/gpu/test_mtp_sample_accept_sync.py
-# The shipped default (sinks on a side stream), it with the programmatic down launch, with persistent routed
-# launches, and both; both with the sinks in their own launch on the main stream instead (a side stream's
-# kernels can keep some of a persistent wave's CTAs from starting); the split in-kernel sinks of 554ba14.
+# GPU_TESTS (default: these) narrows the test stage; a failure there keeps decode on the shipped build.
+GPU_TESTS="${GPU_TESTS:-${CASES[*]} test/gpu/test_kernel_warmup.py test/kernels/test_qkvr_epilogue.py
+  test/kernels/test_sconv_norm.py test/gpu/test_overlap_gpu.py test/gpu/test_mtp_sample_accept_sync.py}"
+tests_failed=0
+if want tests; then
+  before=$status
+  # shellcheck disable=SC2086  # the list is split on purpose
+  stage tests 200 "$PY" -m pytest -q -p no:cacheprovider $GPU_TESTS
+  [ "$status" != "$before" ] && tests_failed=1
+fi
 want bench_moe && stage bench_moe 130 "$PY" benchmark/bench_moe_nvfp4.py --no-bf16 --replays 10 --batch-sizes 1 8 64 \
-  --tiles default "c:1,4,8,256,4,1,0,8,1,1,1,1,0" "c:1,4,8,256,4,1,0,8,1,1,1,0,1" "c:1,4,8,256,4,1,0,8,1,1,1,1,1" \
-  "c:1,4,8,256,4,1,0,8,1,0,0,1,1" "c:1,4,8,256,4,1,0,8,1,0,0,0,0" \
+  --tiles "${SWEEP[@]}" \
   --result-file "$OUT/bench_moe_nvfp4_inkling-slice.json"
 # Decode is timed with the build the sweep found fastest (moe_build.py --pick; "" is the shipped default).
 MOE_BUILD=""
-[ -f "$OUT/bench_moe_nvfp4_inkling-slice.json" ] && MOE_BUILD=$("$PY" benchmark/moe_build.py --pick "$OUT/bench_moe_nvfp4_inkling-slice.json" 2>/dev/null)
+[ -f "$OUT/bench_moe_nvfp4_inkling-slice.json" ] && [ "$tests_failed" = 0 ] && \
+  MOE_BUILD=$("$PY" benchmark/moe_build.py --pick "$OUT/bench_moe_nvfp4_inkling-slice.json" 2>/dev/null)
 echo "== MoE build for decode: '${MOE_BUILD}'" | tee -a "$OUT/gpu.txt"
 COMMON=(--config slice --input-len 1024 --decode-steps 10 --prefill-repeats 1 --fast-path kernels --cuda-graph
   --quantization modelopt_fp4 --moe-build "$MOE_BUILD")
