@@ -39,10 +39,10 @@ GPU_TESTS="${GPU_TESTS:-${CASES[*]} test/gpu/test_kernel_warmup.py test/kernels/
   test/kernels/test_sconv_norm.py test/gpu/test_overlap_gpu.py test/gpu/test_mtp_sample_accept_sync.py}"
 tests_failed=0
 if want tests; then
-  before=$status
+  before=$status status=0
   # shellcheck disable=SC2086  # the list is split on purpose
   stage tests 200 "$PY" -m pytest -q -p no:cacheprovider $GPU_TESTS
-  [ "$status" != "$before" ] && tests_failed=1
+  tests_failed=$status status=$((before | status))
 fi
 want bench_moe && stage bench_moe 130 "$PY" benchmark/bench_moe_nvfp4.py --no-bf16 --replays 10 --batch-sizes 1 8 64 \
   --tiles "${SWEEP[@]}" \
