@@ -3,7 +3,9 @@
 `compile_watch()` records every kernel compiled while it is open (the GPU test that serving never
 compiles after warm-up uses it); `log_compiles_after_warmup()` keeps a permanent hook that warns
 for each compile from then on, so a shape warm-up missed shows in the server log by name.
-The interpreter (CPU) compiles nothing, so neither ever fires there.
+The interpreter (CPU) compiles nothing, so neither ever fires there: on the CPU, `jit_keys` computes
+each launch's compile key from its arguments instead (test/kernels/test_no_new_kernel_keys.py runs
+the same check as the GPU test through it).
 """
 
 from __future__ import annotations

@@ -8,7 +8,8 @@ up to FUSED_ROUTER_MAX_TOKENS, and the fused MoE takes large row blocks once a b
 4 (token, expert) pairs per local expert; with NVFP4 experts on a CUDA GPU, batches of up to
 CUDA_MAX_PAIRS_PER_EXPERT pairs per expert take the CUDA decode kernels (one build of every
 variant, at the first call) and longer ones the Triton MMA kernels. The kernels mark their batch-dependent ints
-`do_not_specialize`, so one batch down each path is enough: extends of 1 token, SHORT_EXTEND, one
+`do_not_specialize` and ForwardBatch keeps each index tensor 16-byte aligned (Triton also keys on pointer
+alignment), so one batch down each path is enough: extends of 1 token, SHORT_EXTEND, one
 past it, one past the router limit and one past the MoE's (with and without a cached prefix), and
 eager decode steps at batch 1 and at the largest batch (graph capture covers its own buckets).
 
