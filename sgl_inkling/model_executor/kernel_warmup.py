@@ -26,7 +26,7 @@ from sgl_inkling.layers.attention.triton_backend import SHORT_EXTEND
 from sgl_inkling.model_executor.forward_batch import ForwardBatch, ForwardMode
 from sgl_inkling.models.inkling.moe import FUSED_ROUTER_MAX_TOKENS, MoE
 from sgl_inkling_kernels.fused_moe_nvfp4 import CUDA_MAX_PAIRS_PER_EXPERT
-from sgl_inkling_kernels.jit_watch import log_compiles_after_warmup
+from sgl_inkling_kernels.jit_watch import log_compiles_after_warmup, warming_up
 
 
 def extend_lengths(model, max_context_len: int, device: torch.device = torch.device("cpu")) -> list[int]:
@@ -44,7 +44,7 @@ def warm_up_kernels(runner, max_running_requests: int) -> None:
     """Compile, by running them once, the kernels of every extend and decode path (see above)."""
     pad, dev = runner.req_to_token.pad_row, runner.device
     ctx = runner.req_to_token.max_context_len
-    with torch.no_grad():
+    with torch.no_grad(), warming_up():
         for n in extend_lengths(runner.model, ctx, dev):
             # Resuming from a 1-token prefix (conv state and KV read); a fresh sequence launches the
             # same variants (prefix lengths reach the kernels in tensors), so it needs no run of its own.

@@ -117,3 +117,17 @@ def test_forward_batch_fields_are_16_byte_aligned(lens):
     assert b.input_ids.tolist() == [t for seq in ids for t in seq]
     assert b.positions.tolist() == [5 + j for n in lens for j in range(n)]
     assert b.logits_indices.tolist() == [sum(lens[: i + 1]) - 1 for i in range(len(lens))]
+
+
+def test_compile_warnings_are_quiet_during_a_warm_up(caplog):
+    # jit_watch warns for every compile after warm-up, except inside another warm-up (the benchmarks
+    # build one ModelRunner per batch size in one process). Its hook is driven by hand here: the
+    # interpreter never compiles.
+    from sgl_inkling_kernels import jit_watch
+
+    jit_watch.log_compiles_after_warmup()
+    with caplog.at_level("WARNING", logger=jit_watch.__name__):
+        with jit_watch.warming_up():
+            jit_watch._hook(repr="_kernel_a[...]")
+        jit_watch._hook(repr="_kernel_b[...]")
+    assert [r.getMessage().split(": ")[-1] for r in caplog.records] == ["_kernel_b[...]"]
