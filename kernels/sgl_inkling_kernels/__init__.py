@@ -14,6 +14,7 @@
     qkvr_epilogue     decode: q norm, K conv + k norm, V conv after the packed q/k/v/r GEMM
     sconv_norm        decode: output short conv + residual add (+ the next RMSNorm)
     jit_watch         a hook on Triton compiles (no compile after warm-up)
+    jit_keys          each launch's compile key from its arguments (the same check under the interpreter)
 
 Importing this package does not import Triton; the modules do, and fall back to stand-ins (their
 torch references still work) where Triton is missing. `_triton.use_triton(t)` is the dispatch rule

@@ -20,11 +20,15 @@ from sgl_inkling_kernels._triton import dot_mode, interpreting, mm, next_pow2, r
 from sgl_inkling_kernels.attention_ref import paged_attention_ref
 
 
-@triton.jit(do_not_specialize=["num_splits"])  # batch-dependent ints: no recompiles
+# The split count varies with the batch (and the GPU's SM count), so it is never specialised on, and
+# the partial buffers' strides, which it would be a factor of, are not passed: both kernels index
+# the contiguous [B, heads, splits, (D)] buffers from it, with D constexpr (so the partial outputs
+# keep D's divisibility for vector stores) and `heads` fixed by the model.
+@triton.jit(do_not_specialize=["num_splits"])
 def _decode_split_kernel(
     Q, K, V, ReqToTok, ReqIdx, Pos, Rel, Table, Tau, PartO, PartLse,
     stride_qb, stride_qh, stride_ks, stride_kh, stride_vs, stride_vh, stride_rt,
-    stride_relb, stride_relh, stride_tab, stride_pob, stride_poh, stride_pos, stride_lb, stride_lh,
+    stride_relb, stride_relh, stride_tab, heads_total,
     scaling, extent, window, num_splits,
     G: tl.constexpr, BLOCK_G: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
     R: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -92,15 +96,14 @@ def _decode_split_kernel(
     has_keys = l_i > 0
     out = acc / tl.where(has_keys, l_i, 1.0)[:, None]
     lse = tl.where(has_keys, m_i + tl.log2(tl.where(has_keys, l_i, 1.0)), float("-inf"))
-    tl.store(PartO + b * stride_pob + heads[:, None] * stride_poh + split * stride_pos + offs_d[None, :],
-             out, mask=g_ok[:, None] & d_ok[None, :])  # fmt: skip
-    tl.store(PartLse + b * stride_lb + heads * stride_lh + split, lse, mask=g_ok)
+    part = (b * heads_total + heads) * num_splits + split  # [BLOCK_G] rows of the partial buffers
+    tl.store(PartO + part[:, None] * D + offs_d[None, :], out, mask=g_ok[:, None] & d_ok[None, :])
+    tl.store(PartLse + part, lse, mask=g_ok)
 
 
-@triton.jit(do_not_specialize=["num_splits"])  # batch-dependent ints: no recompiles
+@triton.jit(do_not_specialize=["num_splits"])  # see _decode_split_kernel
 def _decode_merge_kernel(
-    PartO, PartLse, Out,
-    stride_pob, stride_poh, stride_pos, stride_lb, stride_lh, stride_ob, num_splits,
+    PartO, PartLse, Out, stride_ob, num_splits,
     D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr,
 ):  # fmt: skip
     b = tl.program_id(0)
@@ -109,12 +112,13 @@ def _decode_merge_kernel(
     offs_d = tl.arange(0, BLOCK_D)
     s_ok = offs_s < num_splits
     d_ok = offs_d < D
-    lse = tl.load(PartLse + b * stride_lb + h * stride_lh + offs_s, mask=s_ok, other=float("-inf"))
+    first = (b * tl.num_programs(1) + h) * num_splits  # the grid's second axis is the heads
+    lse = tl.load(PartLse + first + offs_s, mask=s_ok, other=float("-inf"))
     m = tl.max(lse, 0)  # finite: the split holding key t always has it
     w = tl.exp2(lse - m)
     w = w / tl.sum(w, 0)
-    parts = tl.load(PartO + b * stride_pob + h * stride_poh + offs_s[:, None] * stride_pos + offs_d[None, :],
-                    mask=s_ok[:, None] & d_ok[None, :], other=0.0)  # fmt: skip
+    parts = tl.load(PartO + (first + offs_s)[:, None] * D + offs_d[None, :], mask=s_ok[:, None] & d_ok[None, :],
+                    other=0.0)  # fmt: skip
     o = tl.sum(parts * w[:, None], 0)
     tl.store(Out + b * stride_ob + h * D + offs_d, o.to(Out.dtype.element_ty), mask=d_ok)
 
@@ -165,8 +169,7 @@ def decode_attention(
         q, k_buf, v_buf, req_to_token, req_pool_indices, positions, rel, rel_table,
         tau if tau is not None else q, part_o, part_lse,
         q.stride(0), q.stride(1), k_buf.stride(0), k_buf.stride(1), v_buf.stride(0), v_buf.stride(1),
-        req_to_token.stride(0), rel.stride(0), rel.stride(1), rel_table.stride(0),
-        part_o.stride(0), part_o.stride(1), part_o.stride(2), part_lse.stride(0), part_lse.stride(1),
+        req_to_token.stride(0), rel.stride(0), rel.stride(1), rel_table.stride(0), heads,
         scaling, extent, window if window is not None else 0, num_splits,
         G=groups, BLOCK_G=next_pow2(groups, 16), D=dim, BLOCK_D=block_d, R=d_rel,
         BLOCK_R=next_pow2(d_rel, 16), BLOCK_N=block_n,
@@ -174,9 +177,7 @@ def decode_attention(
         num_warps=4, num_stages=2,
     )  # fmt: skip
     _decode_merge_kernel[(bsz, heads)](
-        part_o, part_lse, out,
-        part_o.stride(0), part_o.stride(1), part_o.stride(2), part_lse.stride(0), part_lse.stride(1),
-        out.stride(0), num_splits,
+        part_o, part_lse, out, out.stride(0), num_splits,
         D=dim, BLOCK_D=block_d, BLOCK_S=next_pow2(num_splits, 64),  # 64: one compile for every split count
         num_warps=4,
     )  # fmt: skip

@@ -29,7 +29,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from sgl_inkling_kernels._triton import dot_mode, interpreting, mm, next_pow2, require_triton, tl, triton
-from sgl_inkling_kernels.fused_moe import moe_align, over_token_chunks
+from sgl_inkling_kernels.fused_moe import default_block_m, moe_align, over_token_chunks
 from sgl_inkling_kernels.moe_launch import launch_up_down
 from sgl_inkling_kernels.moe_nvfp4_gemv import INTERPRETER_GEMV_TILES, GemvTiles, moe_nvfp4_gemv
 from sgl_inkling_kernels.moe_w4a16_cuda import CudaTiles, default_cuda_tiles, moe_w4a16_decode, usable
@@ -286,7 +286,7 @@ def fused_moe_nvfp4(
     else:  # prefill: MMA over blocks of 16 or 64 pairs of one expert
         if x.dtype == torch.float32 and not interpreting():  # fp32 (tests): 4-byte tiles must fit shared memory
             tiles = replace(tiles, kb=min(tiles.kb, 32), bk_sink=min(tiles.bk_sink, 64), stages=min(tiles.stages, 2))
-        block_m = 16 if interpreting() or n_pairs < 4 * n_exp else 64
+        block_m = default_block_m(n_pairs, n_exp)
         pairs, block_expert = moe_align(ids, n_exp, block_m)
         _mma(x, w13, s13, w13_scale2, w2, s2, w2_scale2, pairs, block_expert, weights, shared_w13, shared_w2, gam,
              act, out, tiles, block_m, use_asm)  # fmt: skip

@@ -3,7 +3,9 @@
 `compile_watch()` records every kernel compiled while it is open (the GPU test that serving never
 compiles after warm-up uses it); `log_compiles_after_warmup()` keeps a permanent hook that warns
 for each compile from then on, so a shape warm-up missed shows in the server log by name.
-The interpreter (CPU) compiles nothing, so neither ever fires there.
+The interpreter (CPU) compiles nothing, so neither ever fires there: on the CPU, `jit_keys` computes
+each launch's compile key from its arguments instead (test/kernels/test_no_new_kernel_keys.py runs
+the same check as the GPU test through it).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ logger = logging.getLogger(__name__)
 
 _listeners: list[Callable[[str], None]] = []
 _installed = False
+_warming = 0  # > 0 while a warm-up runs: its compiles are the point, not news
 
 
 def _hook(*, repr: str, **_kw) -> None:  # noqa: A002 - Triton's keyword
@@ -55,6 +58,18 @@ def compile_watch() -> Iterator[list[str]]:
         _listeners.remove(seen.append)
 
 
+@contextlib.contextmanager
+def warming_up() -> Iterator[None]:
+    """Within the block compiles are not warned about (a second ModelRunner's warm-up in the same
+    process, as the benchmarks make one per batch size, compiles by design)."""
+    global _warming
+    _warming += 1
+    try:
+        yield
+    finally:
+        _warming -= 1
+
+
 def log_compiles_after_warmup() -> None:
     """From now on, warn for every kernel compile (once per process)."""
     if _warn not in _listeners:
@@ -63,4 +78,6 @@ def log_compiles_after_warmup() -> None:
 
 
 def _warn(desc: str) -> None:
+    if _warming:
+        return
     logger.warning("Triton compiled a kernel after warm-up (a request waits for it): %s", desc[:300])

@@ -74,7 +74,7 @@ def _up_routed(X, C13, S13, G13, Pairs, BlockExpert, Act, s_xt, s_ce, s_cr, s_se
         _store_act(Act, pair, valid, acc, N_INTER, s_at, pid_n, BLOCK_N)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_pairs", "T", "n_sink_blocks"])  # batch-dependent ints: no recompiles
 def _up_gemv_kernel(
     X, C13, S13, G13, SW13, Pairs, BlockExpert, Act,
     s_xt, s_ce, s_cr, s_se, s_sr, s_we, s_wr, s_at, H, N_INTER, num_pairs, T, n_sink_blocks,
@@ -118,7 +118,7 @@ def _down_routed(Act, C2, S2, G2, Pairs, BlockExpert, Weights, Out, s_at, s_ce, 
         tl.store(out, acc * gate[:, None], mask=valid[:, None])  # clamped rows write the same value twice
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_pairs", "T", "n_sink_blocks"])  # batch-dependent ints: no recompiles
 def _down_gemv_kernel(
     Act, C2, S2, G2, SW2, Pairs, BlockExpert, Weights, SinkWeights, Out,
     s_at, s_ce, s_cr, s_se, s_sr, s_we, s_wr, s_gt, s_ot, s_os, H, N_INTER, num_pairs, T, n_sink_blocks,

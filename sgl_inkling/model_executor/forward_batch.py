@@ -10,6 +10,8 @@ import torch
 
 from sgl_inkling.sampling.host_copy import to_device
 
+_INT64_PER_16_BYTES = 2  # the field alignment of ForwardBatch.build's one staged copy
+
 
 class ForwardMode(Enum):
     EXTEND = "extend"  # new tokens after a (possibly empty) cached prefix: prefill and chunked prefill
@@ -98,8 +100,17 @@ class ForwardBatch:
         fields = [positions, req_pool_indices, prefix_lens, extend_lens, out_loc, out_loc_swa, logits_indices]
         if not on_device:
             fields.insert(0, [tok for seq in input_ids for tok in seq])
-        flat = to_device([x for f in fields for x in f], torch.int64, device)
-        views = list(flat.split([len(f) for f in fields]))
+        # Every field starts on a 16-byte boundary (each padded to an even count): Triton compiles a
+        # kernel variant per pointer alignment, and packed back to back a field's alignment would
+        # follow the parity of the token and batch counts before it, so the first batch of the other
+        # parity after warm-up (e.g. the prefix lengths the short conv reads) waited for a compile.
+        starts, host = [], []
+        for f in fields:
+            starts.append(len(host))
+            host.extend(f)
+            host.extend([0] * (-len(f) % _INT64_PER_16_BYTES))
+        flat = to_device(host, torch.int64, device)
+        views = [flat[s : s + len(f)] for s, f in zip(starts, fields)]
         ids = input_ids.reshape(-1) if on_device else views.pop(0)
         positions_t, rows, prefix_t, extend_t, out_t, out_swa_t, logits_t = views
         return cls(

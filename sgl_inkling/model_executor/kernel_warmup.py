@@ -8,9 +8,11 @@ up to FUSED_ROUTER_MAX_TOKENS, and the fused MoE takes large row blocks once a b
 4 (token, expert) pairs per local expert; with NVFP4 experts on a CUDA GPU, batches of up to
 CUDA_MAX_PAIRS_PER_EXPERT pairs per expert take the CUDA decode kernels (one build of every
 variant, at the first call) and longer ones the Triton MMA kernels. The kernels mark their batch-dependent ints
-`do_not_specialize`, so one batch down each path is enough: extends of 1 token, SHORT_EXTEND, one
-past it, one past the router limit and one past the MoE's (with and without a cached prefix), and
+`do_not_specialize` and ForwardBatch keeps each index tensor 16-byte aligned (Triton also keys on pointer
+alignment), so one batch down each path is enough: extends of 1 token, SHORT_EXTEND, one
+past it, one past the router limit and one past the MoE's (each on a 1-token cached prefix), and
 eager decode steps at batch 1 and at the largest batch (graph capture covers its own buckets).
+test/kernels/test_no_new_kernel_keys.py checks on the CPU that a mixed workload needs nothing more.
 
 Batches use the padding request row and KV slot 0, as padded CUDA-graph rows do: no request's
 state is touched.
@@ -24,7 +26,7 @@ from sgl_inkling.layers.attention.triton_backend import SHORT_EXTEND
 from sgl_inkling.model_executor.forward_batch import ForwardBatch, ForwardMode
 from sgl_inkling.models.inkling.moe import FUSED_ROUTER_MAX_TOKENS, MoE
 from sgl_inkling_kernels.fused_moe_nvfp4 import CUDA_MAX_PAIRS_PER_EXPERT
-from sgl_inkling_kernels.jit_watch import log_compiles_after_warmup
+from sgl_inkling_kernels.jit_watch import log_compiles_after_warmup, warming_up
 
 
 def extend_lengths(model, max_context_len: int, device: torch.device = torch.device("cpu")) -> list[int]:
@@ -42,11 +44,12 @@ def warm_up_kernels(runner, max_running_requests: int) -> None:
     """Compile, by running them once, the kernels of every extend and decode path (see above)."""
     pad, dev = runner.req_to_token.pad_row, runner.device
     ctx = runner.req_to_token.max_context_len
-    with torch.no_grad():
+    with torch.no_grad(), warming_up():
         for n in extend_lengths(runner.model, ctx, dev):
-            for prefix in (0, 1):  # a fresh sequence, and one resuming from its conv state and KV
-                batch = ForwardBatch.build(ForwardMode.EXTEND, [[0] * n], [pad], [prefix], [0] * n, [0] * n, dev)
-                runner.forward_eager(batch)
+            # Resuming from a 1-token prefix (conv state and KV read); a fresh sequence launches the
+            # same variants (prefix lengths reach the kernels in tensors), so it needs no run of its own.
+            batch = ForwardBatch.build(ForwardMode.EXTEND, [[0] * n], [pad], [1], [0] * n, [0] * n, dev)
+            runner.forward_eager(batch)
         for bs in sorted({1, max_running_requests}):
             batch = ForwardBatch.build(ForwardMode.DECODE, [[0]] * bs, [pad] * bs, [1] * bs, [0] * bs, [0] * bs, dev)
             runner.forward_eager(batch)

@@ -38,6 +38,15 @@ def _router_gemm(dt):
     return ("router", "_router_gemm_kernel", {"X": f"*{dt}", "W": "*fp32", "Out": "*fp32"}, consts, (), 4)
 
 
+def _split(dt, tau):
+    ptr = {n: f"*{dt}" for n in ("Q", "K", "V", "Rel", "Table")}
+    ptr.update(ReqToTok="*i64", ReqIdx="*i64", Pos="*i64", Tau="*fp32" if tau else f"*{dt}", PartO="*fp32",
+               PartLse="*fp32")  # fmt: skip
+    consts = dict(G=8, BLOCK_G=16, D=128, BLOCK_D=128, R=16, BLOCK_R=16, BLOCK_N=64, HAS_TAU=tau, HAS_WINDOW=not tau,
+                  UPCAST=False, PREC="ieee" if dt == "fp32" else "tf32")  # fmt: skip
+    return ("decode_attention", "_decode_split_kernel", ptr, consts, ("scaling",), 4)
+
+
 def _merge():
     ptr = {"PartO": "*fp32", "PartLse": "*fp32", "Out": "*bf16"}
     return ("decode_attention", "_decode_merge_kernel", ptr, dict(D=128, BLOCK_D=128, BLOCK_S=64), (), 4)
@@ -48,6 +57,7 @@ CASES = (
     + [_conv_norm(dt, n) for dt in ("bf16", "fp32") for n in (False, True)]
     + [_router(dt) for dt in ("bf16", "fp32")]
     + [_router_gemm(dt) for dt in ("bf16", "fp32")]
+    + [_split(dt, tau) for dt in ("bf16", "fp32") for tau in (False, True)]
     + [_merge()]
 )
 

@@ -1,4 +1,4 @@
-"""The decode fusion kernels compile for Hopper (sm_90) on a machine without a GPU, at Inkling's
+"""The decode fusion kernels and decode attention compile for Hopper (sm_90) on a machine without a GPU, at Inkling's
 shapes and in both dtypes: the interpreter tests cover their numbers, this covers their build
 (the interpreter accepts kernels the compiler rejects)."""
 

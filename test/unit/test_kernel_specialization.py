@@ -46,3 +46,15 @@ def test_moe_kernels_key_the_same_for_every_token_count(kernel):
     assert len(keys) == 1, keys
     if kernel == "_moe_align_small_kernel":
         assert len({compile_key(k, "max_blocks", b) for b in range(1, 130)}) == 1
+
+
+@pytest.mark.parametrize("module, kernel", [("fused_moe_nvfp4", "_up_kernel"), ("fused_moe_nvfp4", "_down_kernel"),
+                                            ("moe_nvfp4_gemv", "_up_gemv_kernel"),
+                                            ("moe_nvfp4_gemv", "_down_gemv_kernel")])  # fmt: skip
+def test_nvfp4_moe_kernels_key_the_same_for_every_token_count(module, kernel):
+    import importlib
+
+    k = getattr(importlib.import_module(f"sgl_inkling_kernels.{module}"), kernel)
+    # Per token: top-k pairs, one token, and (2 sinks) up to two sink blocks.
+    for name, per_token in (("num_pairs", TOP_K), ("T", 1), ("n_sink_blocks", 2)):
+        assert len({compile_key(k, name, t * per_token) for t in range(1, 300)}) == 1, name
