@@ -10,6 +10,8 @@ On inkling-tiny-draftable, where depths draft well enough that steps accept seve
 from __future__ import annotations
 
 import json
+from functools import partial
+from types import SimpleNamespace
 
 import jsonschema
 import pytest
@@ -20,6 +22,7 @@ from sgl_inkling.constrained import chat_grammar, native_grammar
 from sgl_inkling.constrained.mask import unpack_bitmask
 from sgl_inkling.managers.io_struct import TokenizedGenerateReq
 from sgl_inkling.managers.scheduler import Scheduler
+from sgl_inkling.speculative.draft_graphs import DraftGraphRunner
 from test.e2e.mtp_common import SCHEMA
 
 from .helpers import draftable_scheduler, random_prompt
@@ -166,12 +169,37 @@ def fixed(sched):
     sched.spec.fixed_shapes = False
 
 
-def test_constrained_batch_drafts_on_the_fixed_shape_step(sched, want, fixed):
+def replaying_graph_runner(spec) -> DraftGraphRunner:
+    """DraftGraphRunner whose "graphs" run, eagerly, what a capture records: the step on the static
+    buffers (mask included) of their bucket, the trunk's rollback apart; the inputs arrive through
+    replay as on the GPU. The host starts are read for the CPU attention's loops (graphs use none)."""
+    g = DraftGraphRunner(spec.step, 4, depths=range(spec.num_steps + 1), capture=False, masks=True)
+    fields = ("rows", "start", "n", "live", "ids", "pending", "hidden")
+
+    def run(bs: int, k: int) -> None:
+        g.replayed.append(bs)
+        s = g.static
+        spec.step.run(*(s[f][:bs] for f in fields), host_start=s["start"][:bs].tolist(), depths=k,
+                      restore_trunk=False, first_mask=s["mask"][:bs])  # fmt: skip
+
+    g.replayed = []
+    g.graphs = {(bs, k): SimpleNamespace(replay=partial(run, bs, k)) for bs in g.buckets for k in g.depths}
+    g.restore_graphs = {bs: SimpleNamespace(replay=partial(g.restore, bs)) for bs in g.buckets}
+    return g
+
+
+@pytest.mark.parametrize("graphs", [False, True], ids=["eager-step", "graph-runner"])
+def test_constrained_batch_drafts_on_the_fixed_shape_step(sched, want, fixed, graphs):
+    """Greedy json_schema and tool-call requests batched with a free one: the plain scheduler's
+    output, valid, with every draft step after the prompt's on DraftStep (directly, or through the
+    graph runner's static buffers: 3 requests pad to bucket 4, fewer run at 2 and 1)."""
     spy = Spy(sched)
+    g = sched.spec.draft_graphs = replaying_graph_runner(sched.spec) if graphs else None
     try:
-        got = run_batch(sched, "f")
+        got = run_batch(sched, f"f{graphs}")
     finally:
         spy.remove()
+        sched.spec.draft_graphs = None
     assert [r.output_ids for r in got] == want
     check_grammar_outputs(sched, got)
     # The step drafted for every constrained request (after its first drafts, from the prompt)
@@ -181,6 +209,7 @@ def test_constrained_batch_drafts_on_the_fixed_shape_step(sched, want, fixed):
             walks = sum(1 for w in spy.walks if w[0] == r.rid)
             assert walks == r.spec_verify_ct - 1 and walks > 3, (r.rid, walks, r.spec_verify_ct)
     assert spy.masked_picks > 0
+    assert g is None or {4, 2, 1} <= set(g.replayed), g.replayed
     assert all(limit == legal >= 1 for _, _, limit, legal, _ in spy.walks), spy.walks
     accepted = {r.rid: r.spec_accepted_drafts for r, (kind, _) in zip(got, CASES) if kind}
     assert sum(accepted.values()) > 10, accepted  # drafts of constrained requests are accepted
@@ -188,11 +217,14 @@ def test_constrained_batch_drafts_on_the_fixed_shape_step(sched, want, fixed):
 
 
 @pytest.mark.parametrize("token_map", [False, True], ids=["full-vocab", "token-map"])
-def test_first_draft_is_masked_in_the_step_and_illegal_drafts_cap_the_rest(sched, want, fixed, token_map):
+def test_first_draft_is_masked_in_the_step_and_illegal_drafts_cap_the_rest(sched, want, fixed, token_map,
+                                                                           monkeypatch):  # fmt: skip
     """Drafts 1 and 2 are BAD for every request without a mask. A free request drafts BAD first; a
     constrained one drafts a legal token (its grammar's mask, applied in the step, also over a draft
     vocabulary), then BAD (unconstrained past depth 1): its cap stops at draft 1, so no later draft
-    is verified as acceptable. Outputs stay the plain scheduler's."""
+    is verified as acceptable. Outputs stay the plain scheduler's. Two drafts a step (all it takes)."""
+    monkeypatch.setattr(sched.spec, "choose", lambda n: 2)
+    sched.spec.k = 2
     if token_map:  # the continuations, BAD and filler: column j of the draft logits is vocab[j]
         used = sorted({t for w in want for t in w} | {BAD})
         sched.runner.model.set_draft_vocab(torch.tensor(used + [t for t in range(5000) if t not in used][:300]))
