@@ -150,6 +150,8 @@ class Spy:
         bad_ok = [bool(unpack_bitmask(q.draft_masks[:1], self.s.vocab)[0, BAD]) if o else False
                   for q, o in zip(reqs, open_)]  # fmt: skip
         self._walk(reqs, rows)
+        if not self.spec.k:  # a catch-up that drafts nothing
+            return
         drafts = self.spec.draft_buf[rows, : self.spec.k].tolist()
         for q, o, ok, d in zip(reqs, open_, bad_ok, drafts):
             if not o:
@@ -243,4 +245,38 @@ def test_first_draft_is_masked_in_the_step_and_illegal_drafts_cap_the_rest(sched
         if kind:  # after the first verify (its drafts came from the prompt's ragged chain)
             assert all(a <= n <= 1 for a, n in spy.verified[r.rid][1:]), spy.verified[r.rid]
             assert sum(a for a, _ in spy.verified[r.rid][1:]) > 0  # draft 1 was right at times
+    assert at_baseline(sched)
+
+
+def test_constrained_requests_catch_up_on_the_fixed_shape_step(sched, want, fixed, monkeypatch):
+    """Steps alternate between plain decode (k = 0: the depths lag) and drafting ones: the depths
+    of the constrained requests catch up through DraftStep, which also drafts the step's k tokens
+    from the pending one, masked and capped as after a verify. Outputs stay the plain scheduler's."""
+    sched.spec.configure(adaptive=True)
+    picks = iter([0, 0, 3, 0, 8, 0, 2, 0, 0, 5] * 20)
+    monkeypatch.setattr(sched.spec, "choose", lambda n: next(picks))
+    before = (sched.spec.num_plain_steps, sched.spec.num_catch_ups)
+    spy, orig, in_catch_ups = Spy(sched), sched.spec.catch_up, []
+
+    def catch_up(reqs, k):
+        n = len(spy.walks)
+        orig(reqs, k)
+        in_catch_ups.extend(spy.walks[n:])
+
+    monkeypatch.setattr(sched.spec, "catch_up", catch_up)
+    try:
+        got = run_batch(sched, "k")
+    finally:
+        spy.remove()
+    assert [r.output_ids for r in got] == want
+    check_grammar_outputs(sched, got)
+    assert sched.spec.num_plain_steps > before[0] and sched.spec.num_catch_ups > before[1]
+    # Each verify but the first (drafted from the prompt) verified the drafts of one walk, after a
+    # verify or in a catch-up.
+    for r, (kind, _) in zip(got, CASES):
+        if kind:
+            walks = sum(1 for w in spy.walks if w[0] == r.rid)
+            assert walks == r.spec_verify_ct - 1, (r.rid, walks, r.spec_verify_ct)
+            assert any(w[0] == r.rid for w in in_catch_ups), r.rid
+    assert all(limit == legal >= 1 for _, _, limit, legal, _ in spy.walks), spy.walks
     assert at_baseline(sched)
