@@ -25,7 +25,7 @@ from sgl_inkling.sampling.host_copy import to_device
 
 
 class LaggingDepths:
-    """Needs MTPWorker's runner, num_steps, step, draft_graphs, fixed_shapes, draft and GrammarDrafts'."""
+    """Needs MTPWorker's runner, num_steps, step, draft_graphs, fixed_shapes, draft, _first_masks, _walk_drafts."""
 
     def _init_lagging(self, rows: int, hidden_size: int) -> None:
         dev = self.runner.device
