@@ -7,13 +7,16 @@ past the tokens depths skip; their KV goes to the padding slot 0 and their conv 
 to the reserved row, as in decode graphs. All buckets share one memory pool (captured largest
 first): a step's results live in the state pools and `draft_buf`, not in graph outputs. Verified
 tokens come padded to K + 1 per request whatever the verify's width (the padding is never real).
-With capture=False nothing is captured and `run` executes the same step eagerly (the start-up
-cost measurement on CPU).
+With masks=True (a grammar backend is on) every graph masks its first draft with a static xgrammar
+bitmask (`static["mask"]`, all ones for unconstrained and padded rows): one set of graphs serves
+every grammar, the masks are copied in before the replay. With capture=False nothing is captured
+and `run` executes the same step eagerly (the start-up cost measurement on CPU).
 """
 
 from __future__ import annotations
 
 import torch
+import xgrammar as xgr
 
 from sgl_inkling.model_executor.cuda_graph_runner import bucket_for, buckets_up_to, capture_graph
 from sgl_inkling.speculative.draft_step import DraftStep
@@ -22,7 +25,8 @@ _PER_REQ = ("rows", "start", "n", "live", "pending")
 
 
 class DraftGraphRunner:
-    def __init__(self, step: DraftStep, max_bs: int, depths=None, pool=None, capture: bool = True):
+    def __init__(self, step: DraftStep, max_bs: int, depths=None, pool=None, capture: bool = True,
+                 masks: bool = False):  # fmt: skip
         self.step = step
         runner = step.runner
         self.buckets = buckets_up_to(max_bs)
@@ -31,6 +35,10 @@ class DraftGraphRunner:
         self.static = {f: torch.zeros(n, dtype=torch.int64, device=dev) for f in _PER_REQ}
         self.static["ids"] = torch.zeros(n, r, dtype=torch.int64, device=dev)
         self.static["hidden"] = torch.zeros(n, r, runner.model.cfg.hidden_size, dtype=runner.dtype, device=dev)
+        if masks:
+            shape = xgr.get_bitmask_shape(n, runner.model.cfg.unpadded_vocab_size)
+            self.static["mask"] = torch.full(shape, -1, dtype=xgr.bitmask_dtype, device=dev)
+        self._masked_rows = 0  # rows of static["mask"] holding a grammar's mask (reset to all ones when unused)
         self._pad(0, n)
         self.depths = sorted(depths if depths is not None else [step.k], reverse=True)
         self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
@@ -60,15 +68,17 @@ class DraftGraphRunner:
         s = self.static
         host = [self.step.min_start()] * bs if self.eager else None  # for the reference backend's loops
         args = (s[f][:bs] for f in ("rows", "start", "n", "live", "ids", "pending", "hidden"))
-        self.step.run(*args, host_start=host, depths=depths, restore_trunk=False)
+        mask = s["mask"][:bs] if "mask" in s else None
+        self.step.run(*args, host_start=host, depths=depths, restore_trunk=False, first_mask=mask)
 
     def restore(self, bs: int) -> None:
         """The trunk's rollback on the static inputs of bucket bs."""
         self.step.restore_trunk(self.static["rows"][:bs], self.static["n"][:bs])
 
-    def replay(self, rows, start, n, live, ids, pending, hidden, depths: int, restore_trunk: bool = True) -> None:
+    def replay(self, rows, start, n, live, ids, pending, hidden, depths: int, restore_trunk: bool = True,
+               first_mask=None) -> None:  # fmt: skip
         """Same arguments as DraftStep.run (device tensors, batch size <= max_bs, ids and hidden
-        of any verify width <= K + 1)."""
+        of any verify width <= K + 1; first_mask needs masks=True)."""
         bs = rows.shape[0]
         bucket = bucket_for(self.buckets, bs)
         s = self.static
@@ -81,4 +91,17 @@ class DraftGraphRunner:
             self._pad(bs, bucket)
         if restore_trunk:
             self.restore_graphs[bucket].replay()
+        if callable(first_mask):  # computed on the host while the device rolls the trunk back
+            first_mask = first_mask()
+        self._load_mask(first_mask)
         self.graphs[bucket, depths].replay()
+
+    def _load_mask(self, mask: torch.Tensor | None) -> None:
+        if mask is not None and "mask" not in self.static:
+            raise ValueError("a grammar mask for draft graphs captured without masks")
+        if mask is not None:
+            self.static["mask"][: mask.shape[0]].copy_(mask)
+        rows = 0 if mask is None else mask.shape[0]
+        if self._masked_rows > rows:  # rows left from an earlier batch's grammars
+            self.static["mask"][rows : self._masked_rows].fill_(-1)
+        self._masked_rows = rows

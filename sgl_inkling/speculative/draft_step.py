@@ -13,8 +13,13 @@ drafts + 1; fewer when the request finished), with pending token p (the trunk's 
 The same step catches the depths up after plain decode steps (lagging.py): the tokens the trunk
 consumed there stand for the kept ones, and the trunk is not restored (step 1 skipped).
 This is the same computation as levels.DepthChain for the step (which the eager paths use: prefill,
-grammar-constrained drafts), arranged so that no count reaches the host: the drafts land in
-`draft_buf[row]`, where the next verify reads them.
+short prompts), arranged so that no count reaches the host: the drafts land in `draft_buf[row]`,
+where the next verify reads them.
+Grammar-constrained requests: their grammar's state at draft time is known on the host, so the
+mask of their first draft comes in as an xgrammar bitmask (`first_mask`, all ones for the others)
+and depth 0's logits are masked before the argmax; deeper drafts are unconstrained here (their
+masks depend on drafts only the device knows) and the host caps each request's drafts at the
+longest legal prefix afterwards (grammar_drafts.py).
 """
 
 from __future__ import annotations
@@ -54,12 +59,15 @@ class DraftStep:
         host_start: list[int] | None = None,  # `start` on the host, for the reference backend's loops
         depths: int | None = None,  # depths that draft (default K); the others only consume the kept tokens
         restore_trunk: bool = True,  # False: the trunk is already past the n tokens (plain steps' catch-up)
+        first_mask=None,  # [B, ceil(V / 32)] int32 bitmask of draft 1, or a callable giving it (or None)
     ) -> None:
         k, b = self.k, rows.shape[0]
         depths = k if depths is None else depths
         dev = rows.device
         if restore_trunk:
             self.restore_trunk(rows, n)
+        if callable(first_mask):  # computed on the host while the device rolls the trunk back
+            first_mask = first_mask()
         if ids.shape[1] < k + 1:  # a shorter verify: pad to K + 1 (never real: n <= r)
             ids = torch.nn.functional.pad(ids, (0, k + 1 - ids.shape[1]))
             hidden = torch.nn.functional.pad(hidden, (0, 0, 0, k + 1 - hidden.shape[1]))
@@ -101,16 +109,22 @@ class DraftStep:
             self.restore([(layer, self.depth_capture[layer])], rows, n)
             below = out.hidden.view(b, t, -1)
             if drafting:
-                draft = self.pick(out.logits)
+                draft = self.pick(out.logits, first_mask if d == 0 else None)
                 seq.scatter_(1, (n + 1 + d)[:, None], draft[:, None])
                 drafts.append(draft)
         if drafts:
             self.draft_buf[rows, :depths] = torch.stack(drafts, dim=1)
 
-    def pick(self, logits: torch.Tensor) -> torch.Tensor:
-        """A depth's drafts: the argmax (over the draft vocabulary when there is a token map)."""
-        best = logits.float().argmax(-1)
+    def pick(self, logits: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        """A depth's drafts: the argmax (over the draft vocabulary when there is a token map), within
+        `mask` (an xgrammar bitmask over the full vocabulary, one row per request) when given."""
+        logits = logits.float()
         vocab = self.runner.model.draft_vocab
+        if mask is not None:
+            ids = vocab if vocab is not None else torch.arange(logits.shape[1], device=logits.device)
+            allowed = (mask[:, ids >> 5] >> (ids & 31).to(mask.dtype)) & 1  # column j is token ids[j]
+            logits = logits.masked_fill(allowed == 0, float("-inf"))
+        best = logits.argmax(-1)
         return best if vocab is None else vocab[best]
 
     def restore_trunk(self, rows: torch.Tensor, n: torch.Tensor) -> None:

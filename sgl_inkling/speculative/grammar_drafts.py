@@ -1,8 +1,14 @@
-"""How the ragged chain picks drafts, and grammar-constrained MTP drafting (mixed into MTPWorker):
-drafts are the argmax over the draft vocabulary; a constrained request's are picked within its
-grammar (the matcher advances tentatively, drafting stops where no draft is legal or the grammar
-ends, then rolls back), and its verify rows get the grammar's mask for each position, so
-acceptance and logprobs see the masked logits as on the plain path."""
+"""Grammar-constrained MTP drafting (mixed into MTPWorker), and how the ragged chain picks drafts.
+
+Drafts are the argmax over the draft vocabulary. A constrained request's drafts are walked through
+its grammar (the matcher advances tentatively, then rolls back): its `draft_limit` stops where a
+draft is illegal or the grammar ends, and its verify rows get the grammar's mask for each
+position, so acceptance and logprobs see the masked logits as on the plain path.
+- The ragged chain (DepthChain) picks every depth's draft within the grammar (`_pick`), a host
+  round trip per depth.
+- The fixed-shape step (DraftStep, CUDA graphs) masks only the first draft, with the mask of the
+  grammar's state now (`_first_masks`); deeper drafts are unconstrained, and after the step the
+  host reads them once and keeps the longest legal prefix (`_walk_drafts`)."""
 
 from __future__ import annotations
 
@@ -10,6 +16,7 @@ import torch
 import xgrammar as xgr
 
 from sgl_inkling.managers.schedule_batch import Req
+from sgl_inkling.sampling.host_copy import to_device
 
 
 class GrammarDrafts:
@@ -46,18 +53,53 @@ class GrammarDrafts:
             self.grammar.masker._apply_kernel(logits, full.to(logits.device), masked)
         toks = logits.argmax(-1).tolist()
         for k in masked:
-            req = reqs[idx[k]]
-            g = req.grammar
-            if g.accept_many([toks[k]]) != 1:
-                req.draft_open = False  # no legal token (cannot happen after the mask): cap here
-                continue
-            req.draft_tentative += 1
-            req.draft_limit = depth + 1
-            if g.terminated:
-                req.draft_open = False  # the request ends with this draft if it is accepted
-            else:
-                g.fill(req.draft_masks, depth + 1)
+            self._advance(reqs[idx[k]], depth, toks[k])
         return toks
+
+    @staticmethod
+    def _advance(req: Req, depth: int, tok: int) -> None:
+        """Draft depth + 1 of an open constrained request is `tok`: advance its grammar tentatively
+        and raise its cap, or close it where the draft is illegal or the grammar ends."""
+        g = req.grammar
+        if g.accept_many([tok]) != 1:
+            req.draft_open = False  # illegal: no draft from here on can be accepted
+            return
+        req.draft_tentative += 1
+        req.draft_limit = depth + 1
+        if g.terminated:
+            req.draft_open = False  # the request ends with this draft if it is accepted
+        else:
+            g.fill(req.draft_masks, depth + 1)
+
+    def _first_masks(self, reqs: list[Req]) -> torch.Tensor | None:
+        """Start the step's grammars (_start_grammars) and give DraftStep the bitmask of every
+        request's first draft on the device [B, ceil(V / 32)] (all ones where unconstrained);
+        None when no request is constrained."""
+        if not self._start_grammars(reqs):
+            return None
+        idx = [i for i, q in enumerate(reqs) if q.draft_open]
+        first = torch.stack([reqs[i].draft_masks[0] for i in idx])
+        full = first.new_full((len(reqs), first.shape[1]), -1)
+        full[idx] = first
+        return to_device(full, full.dtype, self.runner.device)
+
+    def _walk_drafts(self, reqs: list[Req], rows: torch.Tensor) -> None:
+        """After DraftStep drafted self.k tokens for request rows `rows` (device): read the constrained
+        requests' drafts (one read), cap each at its longest legal prefix and fill its verify masks,
+        then roll the grammars back."""
+        idx = [i for i, q in enumerate(reqs) if q.draft_open]
+        if not idx:
+            return
+        if self.k:
+            sel = rows[to_device(idx, torch.int64, rows.device)] if len(idx) < len(reqs) else rows
+            for i, drafts in zip(idx, self.draft_buf[sel, : self.k].tolist()):
+                for depth, tok in enumerate(drafts):
+                    if not reqs[i].draft_open:
+                        break
+                    self._advance(reqs[i], depth, tok)
+        for i in idx:
+            reqs[i].grammar.rollback(reqs[i].draft_tentative)
+            reqs[i].draft_tentative, reqs[i].draft_open = 0, False
 
     def verify_masks(self, reqs: list[Req], logits: torch.Tensor) -> bool:
         """Apply each constrained request's per-row masks to its verify logits [B, k + 1, V];

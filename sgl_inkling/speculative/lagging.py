@@ -25,7 +25,7 @@ from sgl_inkling.sampling.host_copy import to_device
 
 
 class LaggingDepths:
-    """Needs MTPWorker's runner, num_steps, step, draft_graphs, fixed_shapes, draft, _start_grammars."""
+    """Needs MTPWorker's runner, num_steps, step, draft_graphs, fixed_shapes, draft, _first_masks, _walk_drafts."""
 
     def _init_lagging(self, rows: int, hidden_size: int) -> None:
         dev = self.runner.device
@@ -62,20 +62,21 @@ class LaggingDepths:
         lags = [q.depth_lag for q in reqs]
         starts = [q.kv_len - n for q, n in zip(reqs, lags)]
         if min(lags) >= 1 and self._draft_step_covers(reqs, starts):
-            self._start_grammars(reqs)  # resets the per-step draft fields; no grammar constrains these drafts
             rows = to_device([q.row for q in reqs], torch.int64, self.runner.device)
             live = [0 if q.finished else 1 for q in reqs]
             pending = [0 if q.finished else q.fill_ids[q.kv_len] for q in reqs]
-            self.catch_up_rows(rows, starts, lags, live, pending, k)
-        else:  # the ragged chain: short prompts, grammars, requests with nothing lagged
+            self.catch_up_rows(rows, starts, lags, live, pending, k, first_mask=lambda: self._first_masks(reqs))
+            self._walk_drafts(reqs, rows)  # grammar-constrained requests: their drafts' legal prefix
+        else:  # the ragged chain: short prompts, requests with nothing lagged
             self.draft(reqs, starts, [self.lag_hidden[q.row, :n] for q, n in zip(reqs, lags)])
         for q in reqs:
             q.depth_lag = 0
 
     def catch_up_rows(self, rows: torch.Tensor, starts: list[int], lags: list[int], live: list[int],
-                      pending: list[int], k: int) -> None:  # fmt: skip
+                      pending: list[int], k: int, first_mask=None) -> None:  # fmt: skip
         """The fixed-shape catch-up (DraftStep, from its graphs when captured) of request rows whose
-        depths committed `starts[i]` tokens and lag `lags[i]` >= 1 (the benchmark calls it too)."""
+        depths committed `starts[i]` tokens and lag `lags[i]` >= 1 (the benchmark calls it too);
+        first_mask as DraftStep.run's."""
         dev = self.runner.device
         args = (
             rows,
@@ -88,6 +89,6 @@ class LaggingDepths:
         )
         self.num_fixed_shape_steps += 1
         if self.draft_graphs is not None and rows.shape[0] <= self.draft_graphs.max_bs:
-            self.draft_graphs.replay(*args, depths=k, restore_trunk=False)
+            self.draft_graphs.replay(*args, depths=k, restore_trunk=False, first_mask=first_mask)
         else:
-            self.step.run(*args, host_start=starts, depths=k, restore_trunk=False)
+            self.step.run(*args, host_start=starts, depths=k, restore_trunk=False, first_mask=first_mask)

@@ -9,7 +9,8 @@ pending token x_q and drafts d_1..d_K:
 3. draft: every depth consumes the newly committed tokens, then speculatively the new pending
    token and the drafts of the depths before it; depth d's logits give draft d + 1. DraftStep
    (draft_step.py) does it at fixed shapes, replayed from CUDA graphs when they are on; DepthChain
-   (levels.py) does it for prompts, grammar-constrained drafts and the other ragged cases.
+   (levels.py) does it for prompts and the other ragged cases; a grammar-constrained request's
+   drafts are kept to their grammar on both (grammar_drafts.py).
 Each depth is restored to its commit point afterwards, so after every step the trunk and all
 depths hold exactly the state of the accepted tokens. Drafts stay on the device (`draft_buf`, per
 request row) until the next verify reads them; a step reads back only the acceptance decisions.
@@ -82,7 +83,8 @@ class MTPWorker(DraftControl, GrammarDrafts, LaggingDepths):
             max_bs = graph_max_bs(runner, num_steps + 1)  # larger batches verify and draft eagerly
             graph_pool = torch.cuda.graph_pool_handle()  # one pool: a step's graphs run one after another
             self.verify_graphs = {r: VerifyGraphRunner(runner, r, self.trunk_capture, max_bs, graph_pool) for r in widths}
-            self.draft_graphs = DraftGraphRunner(self.step, max_bs, [r - 1 for r in widths], graph_pool)
+            self.draft_graphs = DraftGraphRunner(self.step, max_bs, [r - 1 for r in widths], graph_pool,
+                                                 masks=grammar_backend is not None)  # fmt: skip
             self.fixed_shapes = True
         self.num_verify_steps = 0
         self.num_verify_tokens = 0  # tokens emitted by verify steps (accepted drafts + one each)
@@ -187,7 +189,7 @@ class MTPWorker(DraftControl, GrammarDrafts, LaggingDepths):
         self.k = self.choose(sum(not q.finished for q in reqs))
         n = to_device(kept, torch.int64, dev)
         fixed = self._fixed_shape_rows(reqs, starts)
-        # The rest (grammar-constrained drafts, short prompts) drafts through the ragged chain, on its own.
+        # The rest (short prompts, batches past the graphs' largest) drafts through the ragged chain, on its own.
         ragged = [i for i in range(b) if i not in set(fixed)]
         if ragged:
             sub = to_device(ragged, torch.int64, dev) if fixed else slice(None)
@@ -201,7 +203,6 @@ class MTPWorker(DraftControl, GrammarDrafts, LaggingDepths):
             idx = to_device(fixed, torch.int64, dev)
             rows, n, ids, hidden = rows[idx], n[idx], ids[idx], hidden[idx]
         reqs, starts = [reqs[i] for i in fixed], [starts[i] for i in fixed]
-        self._start_grammars(reqs)  # resets the per-step draft fields; no grammar constrains these drafts
         args = (
             rows,
             to_device(starts, torch.int64, dev),
@@ -212,25 +213,21 @@ class MTPWorker(DraftControl, GrammarDrafts, LaggingDepths):
             hidden,
         )
         self.num_fixed_shape_steps += 1
+        masks = lambda: self._first_masks(reqs)  # noqa: E731  (host work while the trunk rolls back)
         if self.draft_graphs is not None:
-            self.draft_graphs.replay(*args, depths=self.k)
+            self.draft_graphs.replay(*args, depths=self.k, first_mask=masks)
         else:
-            self.step.run(*args, host_start=starts, depths=self.k)
+            self.step.run(*args, host_start=starts, depths=self.k, first_mask=masks)
+        self._walk_drafts(reqs, rows)
 
     def _fixed_shape_rows(self, reqs: list[Req], starts: list[int]) -> list[int]:
-        """The requests DraftStep drafts (indices): with fixed shapes on, those no grammar drafts for,
-        past the tokens the depths skip and whose padded tokens stay inside the tables; none when
-        they outnumber the graphs' largest batch."""
+        """The requests DraftStep drafts (indices): with fixed shapes on, those past the tokens the
+        depths skip and whose padded tokens stay inside the tables; none when they outnumber the
+        graphs' largest batch."""
         if not self.fixed_shapes:
             return []
         limit = self.runner.req_to_token.max_context_len
-        out = [
-            i
-            for i, (q, s) in enumerate(zip(reqs, starts))
-            if not (q.grammar is not None and q.grammar.active and not q.finished)
-            and s >= self.step.min_start()
-            and self.step.max_token(s) < limit
-        ]
+        out = [i for i, s in enumerate(starts) if s >= self.step.min_start() and self.step.max_token(s) < limit]
         return [] if self.draft_graphs is not None and len(out) > self.draft_graphs.max_bs else out
 
     def _draft_step_covers(self, reqs: list[Req], starts: list[int]) -> bool:

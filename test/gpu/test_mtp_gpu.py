@@ -1,7 +1,7 @@
 """MTP on the GPU: greedy output with MTP equals greedy output without it (inkling-tiny-draftable and
 inkling-slice with dummy weights; batch 1 and 32; radix cache on and off; a JSON-schema grammar).
 Verify (with greedy acceptance) and the draft step replay from CUDA graphs; grammar-constrained
-batches draft through the eager chain.
+requests draft in the same graphs (their first draft masked from the graphs' static bitmask).
 
 In float32 the outputs must be identical. In bfloat16 the verify forward (K + 1 tokens per
 sequence, extend kernels) and plain decode (decode kernels) round differently, so a sequence may
