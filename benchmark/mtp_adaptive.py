@@ -87,10 +87,13 @@ def run_adaptive(model, cfg, bsz: int, args, gen, h) -> dict:
                 tokens.append(emitted)
                 ks.append(k)
             k = k_next
-        verify, draft = statistics.median(verify_ms), statistics.median(draft_ms)
         # The curve is forced, so the expected tokens of the k actually drafted are exact; the sampled
-        # mean (a few steps) only shows the forcing works.
+        # mean (a few steps) only shows the forcing works. A fixed k repeats one step: medians. The
+        # adaptive runs mix steps of different k: means of whole steps (a median of verify times plus
+        # one of draft times mixes plain steps' verifies with drafting steps' drafts).
         per_step = statistics.fmean(expected_tokens(rates, x) for x in ks)
+        avg = statistics.fmean if adaptive else statistics.median
+        verify, draft = avg(verify_ms), avg(draft_ms)
         verify66 = max(verify - head_floor, 0.0) * trunk_scale + head_floor
         out.append({
             "k": mode,
@@ -123,9 +126,22 @@ def run_adaptive(model, cfg, bsz: int, args, gen, h) -> dict:
         "plain_tok_per_s_per_user_66": 1e3 / (max(by_mode[0]["verify_ms"] - head_floor, 0.0) * trunk_scale + head_floor),
         "adaptive_vs_best_fixed": tps(by_mode["adaptive"]) / tps(best),
         "learned_vs_best_fixed": tps(by_mode["learned"]) / tps(best),
+        "adaptive_from_choices_vs_best_fixed": from_choices(out, "adaptive", curve) / tps(best),  # k = 0 ran
         "learned_warmup_steps": learn["learned"],
         "learned_acceptance_estimates": [round(x, 3) for x in worker.tracker.estimates()],
     }
+
+
+def from_choices(runs: list[dict], mode: str, curve: list[float]) -> float | None:
+    """tok/s/user at 66 layers of an adaptive run rebuilt from the k it chose (k_used) and the fixed-k
+    runs' step times at 66 layers: its tokens over its time, free of the few timed steps' noise."""
+    rates = conditional_rates(curve)
+    fixed = {r["k"]: r["extrapolated_66_layers"]["step_ms"] for r in runs if isinstance(r["k"], int)}
+    used = {int(k): n for k, n in next(r for r in runs if r["k"] == mode)["k_used"].items()}
+    if not used.keys() <= fixed.keys():  # an older run without the k = 0 row
+        return None
+    tokens = sum(n * expected_tokens(rates, k) for k, n in used.items())
+    return tokens * 1e3 / sum(n * fixed[k] for k, n in used.items())
 
 
 def _step(worker: MTPWorker, runner, seqs, clock, rand, k: int, adaptive: bool, bsz: int) -> tuple[int, tuple, float]:

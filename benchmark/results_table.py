@@ -135,6 +135,8 @@ def mtp_table(d: dict) -> str:
 def adaptive_table(d: dict) -> str:
     """Per batch size: the best fixed number of drafts against the adaptive chooser, at 66 layers, under
     the forced per-depth acceptance curve (bench_one_batch --mtp, benchmark/mtp_adaptive.py)."""
+    from benchmark.mtp_adaptive import from_choices  # torch: only where there is an adaptive table
+
     plain = {r["batch_size"]: r["extrapolated_66_layers"] for r in d["runs"] if r["mode"] == "kernels"}
     rows = []
     for m in d["mtp_adaptive"]:
@@ -146,17 +148,21 @@ def adaptive_table(d: dict) -> str:
         best, ad = by_k[m["best_fixed_k"]], by_k["adaptive"]
         used = ", ".join(f"{k}: {n}" for k, n in sorted(ad["k_used"].items(), key=lambda kv: -kv[1]))
         tps = lambda r: r["extrapolated_66_layers"]["tok_per_s_per_user"]  # noqa: E731
+        chosen = from_choices(m["runs"], "adaptive", m["benchmark_only_forced_acceptance_curve"])
+        chosen_ratio = chosen / tps(best) if chosen else None
         rows.append([
             str(m["batch_size"]), str(m["best_fixed_k"]), f(tps(best), ".1f"), used, f(ad["tokens_per_step"], ".2f"),
-            f(tps(ad), ".1f"), f(m["adaptive_vs_best_fixed"], ".3f"), f(m.get("learned_vs_best_fixed"), ".3f"),
-            f(base_tps, ".1f"), f(tps(ad) / base_tps, ".2f") + "x" if base_tps else "-",
+            f(tps(ad), ".1f"), f(m["adaptive_vs_best_fixed"], ".3f"), f(chosen_ratio, ".3f"),
+            f(m.get("learned_vs_best_fixed"), ".3f"), f(base_tps, ".1f"),
+            f((chosen or tps(ad)) / base_tps, ".2f") + "x" if base_tps else "-",
         ])  # fmt: skip
     header = ["batch", "best fixed k", "its tok/s/user @66", "adaptive k used (steps)", "adaptive tok/step",
-              "adaptive tok/s/user @66", "adaptive / best", "learned from flat prior / best", "plain tok/s/user @66",
-              "adaptive speed-up"]  # fmt: skip
+              "adaptive tok/s/user @66 (timed)", "timed / best", "its choices / best", "learned from flat prior / best",
+              "plain tok/s/user @66", "adaptive speed-up (its choices)"]  # fmt: skip
     curve = ", ".join(f"{x:g}" for x in d["mtp_adaptive"][0]["benchmark_only_forced_acceptance_curve"])
     return (f"Adaptive MTP, {d['config']}: drafts accepted at the forced per-depth curve {curve} (a "
-            f"benchmark-only switch), every fixed k = 1..8 against the chooser (source: {source(d)}):\n\n"
+            f"benchmark-only switch), every fixed k = 0..8 against the chooser; \"its choices\": the k it chose "
+            f"in its timed steps, each at the fixed-k run's step time (source: {source(d)}):\n\n"
             + table(header, rows))
 
 
