@@ -256,8 +256,11 @@ def render(results: dict[tuple[str, str], dict]) -> str:
             parts.append(decode_table(d))
             if d.get("mtp"):
                 parts.append(mtp_table(d))
-            if d.get("mtp_adaptive"):
-                parts.append(adaptive_table(d))
+            # Adaptive runs from before plain decode (k = 0) was timed beside them fed the chooser
+            # the slice's own costs (d10a9ef) and have no like-for-like base: not shown.
+            adaptive = [m for m in d.get("mtp_adaptive") or [] if any(r["k"] == 0 for r in m["runs"])]
+            if adaptive:
+                parts.append(adaptive_table({**d, "mtp_adaptive": adaptive}))
         elif kind == "bench_peer":
             parts.append(peer_table(results.get(("bench_one_batch", cfg)), d))
         elif kind == "bench_moe_nvfp4":

@@ -183,6 +183,39 @@ __device__ __forceinline__ void load_chunk(WChunk<FP4>& c, const uint8_t* r0, co
   }
 }
 
+// The cp.async ring of a warp (both kernels that stream through it): stage st gets chunk ch of rows
+// r0, r1 (16 code bytes per lane) and their scale bytes (4-byte copies by even lanes, two lanes'
+// pairs each); ring_chunk reads a stage back once its copies have landed, the __syncwarps because
+// lanes read scale words other lanes copied, and before the stage is refilled.
+template <int S>
+__device__ __forceinline__ void ring_fill(uint4 (&ring)[kWarps][S][2][32], uint32_t (&sring)[kWarps][S][2][16],
+                                          int warp, int st, int g, int lane4, const uint8_t* r0, const uint8_t* r1,
+                                          const uint8_t* sc0, const uint8_t* sc1, int ch) {
+  const int sw = g * 2 + (lane4 >> 1);
+  cp_async16(&ring[warp][st][0][g * 4 + lane4], r0 + ch * 64 + lane4 * 16);
+  cp_async16(&ring[warp][st][1][g * 4 + lane4], r1 + ch * 64 + lane4 * 16);
+  if ((lane4 & 1) == 0) {
+    cp_async4(&sring[warp][st][0][sw], sc0 + ch * 8 + lane4 * 2);
+    cp_async4(&sring[warp][st][1][sw], sc1 + ch * 8 + lane4 * 2);
+  }
+}
+
+template <int S>
+__device__ __forceinline__ WChunk<true> ring_chunk(const uint4 (&ring)[kWarps][S][2][32],
+                                                   const uint32_t (&sring)[kWarps][S][2][16], int warp, int st,
+                                                   int g, int lane4) {
+  const int sw = g * 2 + (lane4 >> 1), sh = (lane4 & 1) * 16;
+  cp_async_wait<S - 2>();
+  __syncwarp();
+  WChunk<true> c;
+  c.w[0] = ring[warp][st][0][g * 4 + lane4];
+  c.w[1] = ring[warp][st][1][g * 4 + lane4];
+  c.s[0] = static_cast<uint16_t>(sring[warp][st][0][sw] >> sh);
+  c.s[1] = static_cast<uint16_t>(sring[warp][st][1][sw] >> sh);
+  __syncwarp();
+  return c;
+}
+
 // The 16 words of a thread's 32 bf16 (activations or BF16 weights) -> the (4j, 4j+2), (4j+1, 4j+3)
 // pairs of step j.
 __device__ __forceinline__ void bf16_pairs(const uint32_t* v, int j, uint32_t& even, uint32_t& odd) {
@@ -429,16 +462,8 @@ __device__ __forceinline__ void tile(const Args& a, const Blocks& b, int blk, in
     constexpr int S = MOE_CP_ASYNC > 2 ? MOE_CP_ASYNC : 2;  // at least 2 (one stage filling, one read)
     __shared__ uint4 ring[kWarps][S][2][32];
     __shared__ uint32_t sring[kWarps][S][2][16];
-    const int sw = g * 2 + (lane4 >> 1);
     auto issue = [&](int ch, int st) {
-      if (ch < n_chunks) {
-        cp_async16(&ring[warp][st][0][g * 4 + lane4], r0 + ch * 64 + lane4 * 16);
-        cp_async16(&ring[warp][st][1][g * 4 + lane4], r1 + ch * 64 + lane4 * 16);
-        if ((lane4 & 1) == 0) {
-          cp_async4(&sring[warp][st][0][sw], sc0 + ch * 8 + lane4 * 2);
-          cp_async4(&sring[warp][st][1][sw], sc1 + ch * 8 + lane4 * 2);
-        }
-      }
+      if (ch < n_chunks) ring_fill<S>(ring, sring, warp, st, g, lane4, r0, r1, sc0, sc1, ch);
       cp_async_commit();
     };
 #pragma unroll
@@ -447,15 +472,7 @@ __device__ __forceinline__ void tile(const Args& a, const Blocks& b, int blk, in
     uint32_t xnone[16] = {};
     for (int i = 0; warp + kWarps * i < n_chunks; ++i) {
       const int ch = warp + kWarps * i, st = i % S;
-      cp_async_wait<S - 2>();
-      __syncwarp();
-      WChunk<true> c;
-      c.w[0] = ring[warp][st][0][g * 4 + lane4];
-      c.w[1] = ring[warp][st][1][g * 4 + lane4];
-      const int sh = (lane4 & 1) * 16;
-      c.s[0] = static_cast<uint16_t>(sring[warp][st][0][sw] >> sh);
-      c.s[1] = static_cast<uint16_t>(sring[warp][st][1][sw] >> sh);
-      __syncwarp();
+      const WChunk<true> c = ring_chunk<S>(ring, sring, warp, st, g, lane4);
       issue(ch + kWarps * (S - 1), (i + S - 1) % S);
       compute_chunk<true, NT>(acc, acc2, c, xrow, xok, ch, lane4, xnone);
     }
@@ -548,7 +565,6 @@ __global__ void __launch_bounds__(kWarps * 32) moe_w4a16_persist_kernel(Args a, 
   const int64_t items = (int64_t)n_real * n_rt;
   const int i0 = (int)(items * blockIdx.x / gridDim.x), n_items = (int)(items * (blockIdx.x + 1) / gridDim.x) - i0;
   if (n_items <= 0) return;
-  const int sw = g * 2 + (lane4 >> 1);
 
   // The issue side walks (item, chunk) in the order the loop below consumes them.
   int is_item = 0, is_ci = 0;
@@ -566,13 +582,7 @@ __global__ void __launch_bounds__(kWarps * 32) moe_w4a16_persist_kernel(Args a, 
   rows_of(i0);
   auto issue = [&](int st) {
     if (is_item < n_items) {
-      const int ch = warp + kWarps * is_ci;
-      cp_async16(&ring[warp][st][0][g * 4 + lane4], p0 + ch * 64 + lane4 * 16);
-      cp_async16(&ring[warp][st][1][g * 4 + lane4], p1 + ch * 64 + lane4 * 16);
-      if ((lane4 & 1) == 0) {
-        cp_async4(&sring[warp][st][0][sw], ps0 + ch * 8 + lane4 * 2);
-        cp_async4(&sring[warp][st][1][sw], ps1 + ch * 8 + lane4 * 2);
-      }
+      ring_fill<S>(ring, sring, warp, st, g, lane4, p0, p1, ps0, ps1, warp + kWarps * is_ci);
       if (++is_ci == cpw) {
         is_ci = 0;
         if (++is_item < n_items) rows_of(i0 + is_item);
@@ -603,16 +613,7 @@ __global__ void __launch_bounds__(kWarps * 32) moe_w4a16_persist_kernel(Args a, 
 #pragma unroll
       for (int r = 0; r < 4; ++r) acc[i][r] = acc2[i][r] = 0.f;
     for (int ci = 0; ci < cpw; ++ci, ++q) {
-      const int st = q % S;
-      cp_async_wait<S - 2>();
-      __syncwarp();
-      WChunk<true> c;
-      c.w[0] = ring[warp][st][0][g * 4 + lane4];
-      c.w[1] = ring[warp][st][1][g * 4 + lane4];
-      const int sh = (lane4 & 1) * 16;
-      c.s[0] = static_cast<uint16_t>(sring[warp][st][0][sw] >> sh);
-      c.s[1] = static_cast<uint16_t>(sring[warp][st][1][sw] >> sh);
-      __syncwarp();
+      const WChunk<true> c = ring_chunk<S>(ring, sring, warp, q % S, g, lane4);
       issue((q + S - 1) % S);
       compute_chunk<true, NT>(acc, acc2, c, xrow, xok, warp + kWarps * ci, lane4, xnone);
     }
