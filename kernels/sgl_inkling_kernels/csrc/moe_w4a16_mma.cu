@@ -353,6 +353,24 @@ struct Args {
   int n_rows, K;
 };
 
+// A tile's start: this thread's B column (g) of every column tile of block blk, its input row and
+// whether it is a real column, and zeroed accumulators.
+template <int NT>
+__device__ __forceinline__ void start_tile(const Args& a, const Blocks& b, int blk, int g, bool up, bool sink, int s,
+                                           const __nv_bfloat16* (&xrow)[NT], bool (&xok)[NT], float (&acc)[NT][4],
+                                           float (&acc2)[NT][4]) {
+#pragma unroll
+  for (int i = 0; i < NT; ++i) {
+    const Col c = column(b, blk, 8 * i + g, 8 * NT, up, sink, s);
+    xrow[i] = a.in + c.in_row * a.s_in;
+    xok[i] = c.ok;
+  }
+#pragma unroll
+  for (int i = 0; i < NT; ++i)
+#pragma unroll
+    for (int q = 0; q < 4; ++q) acc[i][q] = acc2[i][q] = 0.f;
+}
+
 // The end of a tile: the warps' partial products summed in a fixed order (deterministic), then
 // warp 0 writes the tile (SwiGLU into act rows, or weighted into the out slots); the other warps
 // return at once. Every thread of the CTA calls it (one __syncthreads).
@@ -412,8 +430,6 @@ __device__ __forceinline__ void tile(const Args& a, const Blocks& b, int blk, in
                                      float (*red)[NT * 4][32]) {
   constexpr int BM = 8 * NT;
   const bool sink = !FP4;
-  const __nv_bfloat16* in = a.in;
-  const int64_t s_in = a.s_in;
   const int K = a.K;
   int s = 0, e = -1;
   if (sink) {
@@ -436,17 +452,8 @@ __device__ __forceinline__ void tile(const Args& a, const Blocks& b, int blk, in
   }
   const __nv_bfloat16* xrow[NT];
   bool xok[NT];
-#pragma unroll
-  for (int i = 0; i < NT; ++i) {  // B column of this thread: g
-    const Col c = column(b, blk, 8 * i + g, BM, UP, sink, s);
-    xrow[i] = in + c.in_row * s_in;
-    xok[i] = c.ok;
-  }
   float acc[NT][4], acc2[NT][4];
-#pragma unroll
-  for (int i = 0; i < NT; ++i)
-#pragma unroll
-    for (int q = 0; q < 4; ++q) acc[i][q] = acc2[i][q] = 0.f;
+  start_tile<NT>(a, b, blk, g, UP, sink, s, xrow, xok, acc, acc2);
 
   // The CTA's warps take the chunks in turn (warp w: chunks w, w + kWarps, ...), so that at any time
   // kWarps * DEPTH adjacent chunks of every row are requested together: DRAM pages are read in long
@@ -547,7 +554,6 @@ __global__ void __launch_bounds__(kWarps * 32) moe_w4a16_kernel(Args a, Blocks b
 template <int NT, bool UP>
 __global__ void __launch_bounds__(kWarps * 32) moe_w4a16_persist_kernel(Args a, Blocks b, int n_blocks) {
   constexpr int S = MOE_CP_ASYNC > 2 ? MOE_CP_ASYNC : 2;
-  constexpr int BM = 8 * NT;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, lane4 = lane & 3;
 #if MOE_PDL
   asm volatile("griddepcontrol.launch_dependents;");
@@ -601,17 +607,8 @@ __global__ void __launch_bounds__(kWarps * 32) moe_w4a16_persist_kernel(Args a, 
     const int e = (int)block_expert[item / n_rt];
     const __nv_bfloat16* xrow[NT];
     bool xok[NT];
-#pragma unroll
-    for (int i = 0; i < NT; ++i) {
-      const Col c = column(b, blk, 8 * i + g, BM, UP, false, 0);
-      xrow[i] = a.in + c.in_row * a.s_in;
-      xok[i] = c.ok;
-    }
     float acc[NT][4], acc2[NT][4];
-#pragma unroll
-    for (int i = 0; i < NT; ++i)
-#pragma unroll
-      for (int r = 0; r < 4; ++r) acc[i][r] = acc2[i][r] = 0.f;
+    start_tile<NT>(a, b, blk, g, UP, false, 0, xrow, xok, acc, acc2);
     for (int ci = 0; ci < cpw; ++ci, ++q) {
       const WChunk<true> c = ring_chunk<S>(ring, sring, warp, q % S, g, lane4);
       issue((q + S - 1) % S);
