@@ -139,3 +139,50 @@ def test_speculative_graph_batches_follow_cuda_graph_max_bs_where_memory_allows(
     assert graph_max_bs(runner(256), 9, room(100)) == 100  # else what fits
     assert graph_max_bs(runner(256), 9, room(3)) == 64  # never below what the H200 slice captured
     assert graph_max_bs(runner(32), 9, room(300)) == 32
+
+
+def _control(costs: list[float]):
+    from sgl_inkling.speculative.draft_control import DraftControl
+
+    c = DraftControl()
+    c.num_steps = len(costs) - 1
+    c._init_draft_control(c.num_steps, adaptive=True)
+    c.costs = StepCosts({1: costs})
+    return c
+
+
+def test_exploration_stays_within_its_share_of_the_time():
+    """Drafts that are never right: the chooser settles on plain decode, and the steps that draft
+    anyway (exploration) take at most EXPLORE_SHARE of the time more than plain decode would have,
+    while a free extra depth is explored every EXPLORE_EVERY-th step."""
+    from sgl_inkling.speculative.adaptive import EXPLORE_EVERY, EXPLORE_SHARE
+
+    costs = [1.0] + [2.0 + 0.1 * k for k in range(1, 9)]  # the first draft doubles a step
+    c = _control(costs)
+    spent = extra = 0.0
+    for _ in range(5000):
+        k = c.choose(1)
+        spent += costs[k]
+        extra += costs[k] - costs[0]
+        if k:
+            c.observe([0], [k])
+    assert c.tracker.estimates()[0] < 0.05
+    assert 0 < extra <= EXPLORE_SHARE * spent * 1.05  # it explores, within its budget
+    free = _control([1.0] * 9)
+    free.tracker = AcceptanceTracker(8, prior=[0.0])  # nothing seems worth drafting, every k costs the same
+    ks = [free.choose(1) for _ in range(10 * EXPLORE_EVERY)]
+    assert ks.count(1) == 10 and all(k in (0, 1) for k in ks)
+
+
+def test_estimates_are_optimistic_only_where_evidence_is_missing():
+    """A depth never judged is assumed as good as the depth before it; evidence replaces the guess."""
+    t = AcceptanceTracker(3, prior=[0.5])
+    for _ in range(50):
+        t.update([1], [1])  # depth 1 always accepted, depths 2 and 3 never drafted
+    est = t.estimates()
+    assert est[0] > 0.9 and est[1] == pytest.approx(est[0]) and est[2] == pytest.approx(est[0])
+    for _ in range(200):
+        t.update([1], [3])  # now depth 2 is drafted and always rejected
+    est = t.estimates()
+    assert est[0] > 0.9 and est[1] < 0.1
+    assert est[2] == pytest.approx(0.5)  # still never judged: at least its prior, the depth before is worse
