@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Issue 19's adaptive MTP table on one H200 in one call from the project root (about 3 minutes, 4 at most):
+# Issue 19's adaptive MTP table on one H200 in one call from the project root (about 4.5 minutes, 6 at most):
 # bench_one_batch --mtp --mtp-adaptive-only on inkling-slice (dummy weights, CUDA graphs) at batch 1,
-# 8 and 64, BF16 and NVFP4 routed experts: plain decode, every fixed k = 1..8 and the adaptive
-# chooser under the public per-depth acceptance curve (a benchmark-only forced curve), with the
+# 8 and 64, BF16 and NVFP4 routed experts: plain decode and every fixed k = 0..8, the adaptive
+# chooser and the chooser from a flat prior under the public per-depth acceptance curve (a benchmark-only forced curve), with the
 # 66-layer extrapolation. k = 0 steps are plain decode steps (the decode graph). The machine has no
 # .git: pass GIT_COMMIT=<sha>; each JSON records it. Exit status: non-zero if a stage failed.
 set -uo pipefail
@@ -13,7 +13,7 @@ gpu_begin gpu_mtp_adaptive
 for experts in bf16 nvfp4; do
   quant=()
   [ "$experts" = nvfp4 ] && quant=(--quantization modelopt_fp4)
-  stage "mtp_adaptive_$experts" 120 "$PY" benchmark/bench_one_batch.py --config slice --batch-size 1 8 64 \
+  stage "mtp_adaptive_$experts" 180 "$PY" benchmark/bench_one_batch.py --config slice --batch-size 1 8 64 \
     --mtp --mtp-adaptive-only --mtp-adaptive-warmup 40 --input-len 1024 --decode-steps 8 --warmup-steps 2 \
     --prefill-repeats 1 --fast-path kernels --cuda-graph "${quant[@]}" \
     --result-file "$OUT/bench_one_batch_mtp_adaptive_${experts}_inkling-slice.json"
