@@ -2,8 +2,8 @@
 # Issue 19's adaptive MTP table on one H200 in one call from the project root (about 4.5 minutes, 6 at most):
 # bench_one_batch --mtp --mtp-adaptive-only on inkling-slice (dummy weights, CUDA graphs) at batch 1,
 # 8 and 64, BF16 and NVFP4 routed experts: plain decode and every fixed k = 0..8, the adaptive
-# chooser and the chooser from a flat prior under the public per-depth acceptance curve (a benchmark-only forced curve), with the
-# 66-layer extrapolation. k = 0 steps are plain decode steps (the decode graph). The machine has no
+# chooser and the chooser from a flat prior, under the public per-depth acceptance curve (a
+# benchmark-only forced curve), with the 66-layer extrapolation. k = 0 steps are plain decode steps (the decode graph). The machine has no
 # .git: pass GIT_COMMIT=<sha>; each JSON records it. Exit status: non-zero if a stage failed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
