@@ -123,10 +123,12 @@ def usable(x: torch.Tensor, hidden: int, inter: int) -> bool:
 def default_cuda_tiles(n_pairs: int, n_exp: int, tokens: int) -> CudaTiles:
     """Columns per block from the mean pairs per expert (blocks padded to 8 * nt cost MMA work and
     activation loads, never weight bytes, which each block reads once); sinks and routed blocks in
-    one launch up to BUILD.one_launch_max tokens."""
+    one launch up to BUILD.one_launch_max tokens when the sinks run in the kernels at all (with
+    sink_stream no sink block is launched, so the split would only build a second, identical library)."""
     mean = n_pairs / max(n_exp, 1)  # H200, inkling-slice: nt 1 is best up to a mean of 6, nt 4 at 24
     nt = 1 if mean <= 8 else 2 if mean <= 16 else 4 if mean <= 40 else 8
-    split = 0 if tokens <= BUILD.one_launch_max else BUILD.split_sinks
+    one_launch = tokens <= BUILD.one_launch_max and not BUILD.sink_stream
+    split = 0 if one_launch else BUILD.split_sinks
     return replace(BUILD, nt=nt, split_sinks=split)
 
 

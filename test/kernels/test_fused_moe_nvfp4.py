@@ -252,3 +252,21 @@ def test_blas_sinks_match_a_brute_force():
             act = torch.nn.functional.silu(gu[0::2]) * gu[1::2]
             torch.testing.assert_close(out[tok, k + j], gam[tok, j] * (sw2[j] @ act), rtol=1e-5, atol=1e-6)
     assert out[:, :k].isnan().all()  # routed slots are not its business
+
+
+def test_default_cuda_tiles_build_one_library_per_sink_choice():
+    """With the sinks on a side stream (shipped) every decode batch loads the same library; with sinks
+    in the kernels, batch 1 gets the one-launch build and larger batches the split one."""
+    from dataclasses import replace
+
+    from sgl_inkling_kernels import moe_w4a16_cuda as m
+
+    shipped = m.BUILD
+    assert shipped.sink_stream
+    assert len({m.default_cuda_tiles(t * 6, 256, t).defines() for t in (1, 2, 8, 64)}) == 1
+    try:
+        m.BUILD = replace(shipped, sink_stream=0, split_sinks=1, one_launch_max=1)
+        assert m.default_cuda_tiles(6, 256, 1).split_sinks == 0
+        assert m.default_cuda_tiles(48, 256, 8).split_sinks == 1
+    finally:
+        m.BUILD = shipped
