@@ -10,9 +10,8 @@ import torch
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
-from sgl_inkling.managers.scheduler import Scheduler  # noqa: E402
 from sgl_inkling.server_args import ServerArgs  # noqa: E402
-from test.unit.helpers import random_prompt  # noqa: E402
+from test.unit.helpers import in_process_scheduler, random_prompt  # noqa: E402
 from test.unit.test_overlap_schedule import compare, drive, req  # noqa: E402
 
 from .test_sampler_sync import sync_is_error  # noqa: E402
@@ -22,12 +21,8 @@ from .test_sampler_sync import sync_is_error  # noqa: E402
 def gpu_sched(tiny_path, tmp_path_factory):
     args = ServerArgs(model_path=str(tiny_path), device="cuda", dtype="float32", cuda_graph_max_bs=4,
                       max_total_tokens=8192)
-    args.check()
-    d = tmp_path_factory.mktemp("zmq")
-    s = Scheduler(args, str(tiny_path), f"ipc://{d}/in", f"ipc://{d}/out")
-    yield s
-    s.recv_sock.close(0)
-    s.send_sock.close(0)
+    with in_process_scheduler(args, tmp_path_factory) as s:
+        yield s
 
 
 def test_overlapped_decode_steps_do_not_sync_outside_the_commit(gpu_sched, monkeypatch):

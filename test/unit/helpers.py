@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 from sgl_inkling.model_executor.model_runner import ModelRunner
@@ -27,23 +29,42 @@ def prompt_logits(runner: SeqRunner, prompt: list[int]) -> torch.Tensor:
         runner.free(seq)
 
 
+def new_scheduler(args, tmp_path_factory):
+    """An in-process Scheduler for checked `args`, on ipc sockets in a fresh temporary folder."""
+    from sgl_inkling.managers.scheduler import Scheduler
+
+    args.check()
+    d = tmp_path_factory.mktemp("zmq")
+    return Scheduler(args, args.model_path, f"ipc://{d}/in", f"ipc://{d}/out")
+
+
+def close_scheduler(s) -> None:
+    s.recv_sock.close(0)
+    s.send_sock.close(0)
+
+
+@contextlib.contextmanager
+def in_process_scheduler(args, tmp_path_factory):
+    """new_scheduler's Scheduler, its sockets closed after."""
+    s = new_scheduler(args, tmp_path_factory)
+    try:
+        yield s
+    finally:
+        close_scheduler(s)
+
+
 def draftable_scheduler(tmp_path_factory, radix: bool = False, **server_args):
     """An in-process Scheduler with MTP on inkling-tiny-draftable (radix cache off unless asked; more
     ServerArgs fields as keywords): a generator for module fixtures (`yield from`), closing its
     sockets after."""
-    from sgl_inkling.managers.scheduler import Scheduler
     from sgl_inkling.models.inkling.tiny_draftable import ensure_draftable_checkpoint
     from sgl_inkling.server_args import ServerArgs
 
     path = str(ensure_draftable_checkpoint())
     args = ServerArgs(model_path=path, device="cpu", speculative_algorithm="MTP", disable_radix_cache=not radix,
                       **server_args)  # fmt: skip
-    args.check()
-    d = tmp_path_factory.mktemp("zmq")
-    s = Scheduler(args, path, f"ipc://{d}/in", f"ipc://{d}/out")
-    yield s
-    s.recv_sock.close(0)
-    s.send_sock.close(0)
+    with in_process_scheduler(args, tmp_path_factory) as s:
+        yield s
 
 
 def assert_same_level_state(runner, row_a: int, row_b: int, q: int, runner_b=None) -> None:

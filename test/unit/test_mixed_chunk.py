@@ -15,7 +15,7 @@ from sgl_inkling.managers.scheduler import Scheduler
 from sgl_inkling.sampling.sampling_params import SamplingParams
 from sgl_inkling.server_args import ServerArgs, ServerArgsError, parse_server_args
 
-from .helpers import random_prompt
+from .helpers import close_scheduler, new_scheduler, random_prompt
 
 CHUNK = 64  # tokens per step: prompts of a few hundred tokens take several chunks
 
@@ -23,14 +23,7 @@ CHUNK = 64  # tokens per step: prompts of a few hundred tokens take several chun
 def make_scheduler(tiny_path, tmp_path_factory, mixed: bool, **kw) -> Scheduler:
     args = ServerArgs(model_path=str(tiny_path), chunked_prefill_size=CHUNK,
                       max_prefill_tokens=CHUNK, enable_mixed_chunk=mixed, **{"device": "cpu", **kw})  # fmt: skip
-    args.check()
-    d = tmp_path_factory.mktemp("zmq")
-    return Scheduler(args, str(tiny_path), f"ipc://{d}/in", f"ipc://{d}/out")
-
-
-def close(s: Scheduler) -> None:
-    s.recv_sock.close(0)
-    s.send_sock.close(0)
+    return new_scheduler(args, tmp_path_factory)
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +32,7 @@ def pair(tiny_path, tmp_path_factory):
     s = [make_scheduler(tiny_path, tmp_path_factory, m) for m in (True, False)]
     yield s
     for x in s:
-        close(x)
+        close_scheduler(x)
 
 
 def submit(s: Scheduler, rid: str, ids: list[int], grammar=None, logprobs: dict | None = None, **params) -> None:
@@ -177,7 +170,7 @@ def test_no_mixing_when_the_running_batch_would_take_most_of_the_budget(tiny_pat
         s.abort("", abort_all=True)
         assert idle(s)
     finally:
-        close(s)
+        close_scheduler(s)
 
 
 def test_retraction_under_a_tiny_kv_budget(tiny_path, tmp_path_factory):
@@ -192,7 +185,7 @@ def test_retraction_under_a_tiny_kv_budget(tiny_path, tmp_path_factory):
             assert s.num_retracted > 0
             outs.append(rec.tokens)
         finally:
-            close(s)
+            close_scheduler(s)
     assert outs[0] == outs[1] and all(len(v) == 70 for v in outs[0].values())
 
 

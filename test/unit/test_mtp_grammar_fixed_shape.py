@@ -25,7 +25,7 @@ from sgl_inkling.managers.scheduler import Scheduler
 from sgl_inkling.speculative.draft_graphs import DraftGraphRunner
 from test.e2e.mtp_common import SCHEMA
 
-from .helpers import draftable_scheduler, random_prompt
+from .helpers import draftable_scheduler, in_process_scheduler, random_prompt
 
 BAD = 200053  # <|unused_200053|>: no grammar here ever allows it
 ARGS = {"type": "object", "properties": {"q": {"type": "string", "maxLength": 6},
@@ -46,16 +46,10 @@ def want(tmp_path_factory) -> list[list[int]]:
 
     path = str(ensure_draftable_checkpoint())
     args = ServerArgs(model_path=path, device="cpu", disable_radix_cache=True)
-    args.check()
-    d = tmp_path_factory.mktemp("zmq_plain")
-    s = Scheduler(args, path, f"ipc://{d}/in", f"ipc://{d}/out")
-    try:
+    with in_process_scheduler(args, tmp_path_factory) as s:
         reqs = run_batch(s, "plain")
         check_grammar_outputs(s, reqs)
         return [r.output_ids for r in reqs]
-    finally:
-        s.recv_sock.close(0)
-        s.send_sock.close(0)
 
 
 def submit(s: Scheduler, rid: str, ids: list[int], kind: str | None, new_tokens: int):

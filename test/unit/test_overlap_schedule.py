@@ -23,22 +23,18 @@ from sgl_inkling.sampling.sampling_batch_info import SamplingBatchInfo
 from sgl_inkling.sampling.sampling_params import SamplingParams
 from sgl_inkling.server_args import ServerArgs
 
-from .helpers import random_prompt
+from .helpers import close_scheduler, new_scheduler, random_prompt
 
 
 def make_scheduler(tiny_path, tmp_path_factory, **kw) -> Scheduler:
-    args = ServerArgs(model_path=str(tiny_path), device="cpu", **kw)
-    args.check()
-    d = tmp_path_factory.mktemp("zmq")
-    return Scheduler(args, str(tiny_path), f"ipc://{d}/in", f"ipc://{d}/out")
+    return new_scheduler(ServerArgs(model_path=str(tiny_path), device="cpu", **kw), tmp_path_factory)
 
 
 @pytest.fixture(scope="module")
 def sched(tiny_path, tmp_path_factory):
     s = make_scheduler(tiny_path, tmp_path_factory)
     yield s
-    s.recv_sock.close(0)
-    s.send_sock.close(0)
+    close_scheduler(s)
 
 
 @pytest.fixture(scope="module")
@@ -288,8 +284,7 @@ def test_retraction_under_a_tiny_kv_budget(tiny_path, tmp_path_factory, sched):
         compare(sync, out, same_chunks=False)
         assert {r: o.tokens for r, o in out.items()} == ref
     finally:
-        small.recv_sock.close(0)
-        small.send_sock.close(0)
+        close_scheduler(small)
 
 
 def test_flag_and_mtp_fallback():

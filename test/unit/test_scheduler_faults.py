@@ -13,18 +13,14 @@ from sgl_inkling.model_executor.step_faults import FaultInjector, InjectedFault,
 from sgl_inkling.sampling.sampling_params import SamplingParams
 from sgl_inkling.server_args import ServerArgs
 
-from .helpers import random_prompt
+from .helpers import in_process_scheduler, random_prompt
 
 
 @pytest.fixture(scope="module")
 def sched(tiny_path, tmp_path_factory):
     args = ServerArgs(model_path=str(tiny_path), device="cpu", disable_radix_cache=True)
-    args.check()
-    d = tmp_path_factory.mktemp("zmq")
-    s = Scheduler(args, str(tiny_path), f"ipc://{d}/in", f"ipc://{d}/out")
-    yield s
-    s.recv_sock.close(0)
-    s.send_sock.close(0)
+    with in_process_scheduler(args, tmp_path_factory) as s:
+        yield s
 
 
 def submit(s: Scheduler, rid: str, ids: list[int], grammar=None, **params) -> None:
