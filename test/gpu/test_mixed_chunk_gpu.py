@@ -9,7 +9,8 @@ import torch
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
-from test.unit.test_mixed_chunk import close, drive, make_scheduler, workload  # noqa: E402
+from test.unit.helpers import close_scheduler  # noqa: E402
+from test.unit.test_mixed_chunk import drive, make_scheduler, workload  # noqa: E402
 
 
 def test_mixed_greedy_tokens_and_logprobs_match_plain_on_cuda(tiny_path, tmp_path_factory):
@@ -21,7 +22,7 @@ def test_mixed_greedy_tokens_and_logprobs_match_plain_on_cuda(tiny_path, tmp_pat
             recs.append(drive(s, sched))
             assert (s.mixed_counts["num_mixed_steps"] > 0) == mixed
         finally:
-            close(s)
+            close_scheduler(s)
     mixed, plain = recs
     assert mixed.tokens == plain.tokens and len(mixed.tokens) == 6
     for rid, lps in mixed.lps.items():

@@ -8,8 +8,8 @@ import time
 from sgl_inkling.managers.schedule_batch import Req
 from sgl_inkling.managers.schedule_policy import LPM_MIN_QUEUE, MAX_WAIT_S, SchedulePolicy
 
-from .helpers import random_prompt
-from .test_mixed_chunk import close, idle, make_scheduler, submit
+from .helpers import close_scheduler, random_prompt
+from .test_mixed_chunk import idle, make_scheduler, submit
 
 
 def test_a_long_prompt_that_must_wait_is_not_overtaken_by_short_ones(tiny_path, tmp_path_factory):
@@ -34,7 +34,7 @@ def test_a_long_prompt_that_must_wait_is_not_overtaken_by_short_ones(tiny_path, 
         assert all(admitted[f"s{i}"] >= admitted["long"] for i in range(40))
         assert idle(s)
     finally:
-        close(s)
+        close_scheduler(s)
 
 
 def test_lpm_reorders_only_requests_that_have_not_waited_too_long():
