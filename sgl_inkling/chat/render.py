@@ -138,7 +138,7 @@ def _normalise_message(i: int, msg: Any, call_names: dict[str, str]) -> dict[str
         raise ChatRequestError(f"messages[{i}] must be an object, got {type(msg).__name__}")
     role = msg.get("role")
     role = _ROLE_ALIASES.get(role, role) if isinstance(role, str) else role
-    if role not in _ROLES:
+    if not isinstance(role, str) or role not in _ROLES:  # a list or object is no role (and unhashable)
         raise ChatRequestError(f"messages[{i}]: unknown role {msg.get('role')!r}")
     out = dict(msg, role=role)
     content = out.get("content")

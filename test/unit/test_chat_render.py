@@ -138,6 +138,7 @@ def test_developer_role_is_a_system_message(tok):
         ({"messages": [{"role": "wizard", "content": "x"}]}, "role"),
         ({"messages": []}, "non-empty"),
         ({"messages": ["hello"]}, "object"),
+        ({"messages": [{"role": [{}], "content": "hi"}]}, "role"),  # unhashable: was a 500 (schemathesis)
         ({"messages": [{"role": "user", "content": 5}]}, "content"),
         ({"messages": [{"role": "user", "content": [{"type": "hologram"}]}]}, "hologram"),
         ({"reasoning_effort": 1.5}, "reasoning_effort"),
