@@ -9,7 +9,8 @@
 #   3. bench_one_batch on inkling-slice with NVFP4 experts, CUDA graphs, batch 1 and 64 (per-layer floor),
 #   4. the same with MTP: forced acceptance 2.5 / 4.5; then fixed k = 1..8 against the adaptive chooser
 #      under the public per-depth curve at batch 1, 8, 64 (benchmark/mtp_adaptive.py), NVFP4 and BF16,
-#   5. the NVFP4 slice served through sglang.Engine (CUDA graphs, greedy repeat identical),
+#   5. the batch-1 draft step with and without a 32K draft vocabulary (profile_draft_step.py),
+#      the NVFP4 slice served through sglang.Engine (CUDA graphs, greedy repeat identical),
 #   6. if the time is left, the overlap scheduler: HTTP TPOT at concurrency 1 with and without it.
 # STAGES picks stages by name (see below). JSON goes to $OUT, the stage logs to $OUT/logs.tgz (at most
 # 8 files come back). The machine has no .git of this commit: pass GIT_COMMIT=<sha>.
@@ -21,14 +22,12 @@ gpu_begin gpu_all
 export PYTHONUNBUFFERED=1
 
 # STAGES (default all): the stages to run, by name, e.g. STAGES="tests bench_moe bench_nvfp4 mtp_adaptive_nvfp4".
-STAGES="${STAGES:-tests bench_moe bench_nvfp4 bench_nvfp4_mtp mtp_adaptive_nvfp4 mtp_adaptive_bf16 serve_nvfp4 overlap}"
+STAGES="${STAGES:-tests bench_moe bench_nvfp4 bench_nvfp4_mtp mtp_adaptive_nvfp4 mtp_adaptive_bf16 draft_map serve_nvfp4 overlap}"
 want() { [[ " $STAGES " == *" $1 "* ]]; }
-# The MoE build sweep: the shipped default (sinks on a side stream), it with the programmatic down launch,
-# with persistent routed launches, and both; both with the sinks in their own launch on the main stream
-# instead (a side stream's kernels can keep some of a persistent wave's CTAs from starting); the split
-# in-kernel sinks of 554ba14.
-SWEEP=(default "c:1,4,8,256,4,1,0,8,1,1,1,1,0" "c:1,4,8,256,4,1,0,8,1,1,1,0,1" "c:1,4,8,256,4,1,0,8,1,1,1,1,1"
-  "c:1,4,8,256,4,1,0,8,1,0,0,1,1" "c:1,4,8,256,4,1,0,8,1,0,0,0,0")
+# The MoE build sweep: the shipped default (sinks on a side stream, two routed launches), the persistent
+# routed launches of 12ae5a9, and both routed projections in one launch fed by a work queue (fused) with
+# an 8- and a 4-stage ring.
+SWEEP=(default "c:1,4,8,256,4,1,0,8,1,1,1,0,1" "c:1,4,8,256,4,1,0,8,1,1,1,0,0,1" "c:1,4,8,256,4,1,0,4,1,1,1,0,0,1")
 # Every CUDA MoE library the tests and the sweep load, built in parallel first.
 stage prebuild 90 "$PY" benchmark/prebuild_cuda.py "${SWEEP[@]}"
 M=test/kernels/test_fused_moe_nvfp4.py
@@ -65,6 +64,13 @@ want mtp_adaptive_nvfp4 && stage mtp_adaptive_nvfp4 180 "$PY" benchmark/bench_on
   --result-file "$OUT/bench_one_batch_mtp_adaptive_nvfp4_inkling-slice.json"
 want mtp_adaptive_bf16 && stage mtp_adaptive_bf16 180 "$PY" benchmark/bench_one_batch.py "${ADAPTIVE[@]}" \
   --result-file "$OUT/bench_one_batch_mtp_adaptive_bf16_inkling-slice.json"
+# What a draft vocabulary (--speculative-token-map, 32K ids) saves in the batch-1 draft step.
+if want draft_map; then
+  stage draft_step 60 "$PY" benchmark/profile_draft_step.py --batch-size 1 --accept 4 \
+    --out "$OUT/profile_draft_step_inkling-slice_bs1.json"
+  stage draft_step_map 60 "$PY" benchmark/profile_draft_step.py --batch-size 1 --accept 4 --token-map-size 32768 \
+    --out "$OUT/profile_draft_step_inkling-slice_bs1_map32k.json"
+fi
 want serve_nvfp4 && stage serve_nvfp4 50 "$PY" benchmark/gpu_nvfp4_serve_check.py "$OUT/gpu_nvfp4_serve_check.json"
 # The overlap check runs only with the time it needs left of the call's budget (BUDGET_S seconds in all).
 left=$((${BUDGET_S:-575} - (SECONDS - START)))

@@ -1,10 +1,12 @@
 """Where an MTP draft step's time goes, kernel by kernel (torch.profiler), on inkling-slice.
 
-    python benchmark/profile_draft_step.py --batch-size 64 --accept 4.5
+    python benchmark/profile_draft_step.py --batch-size 64 --accept 4.5 [--token-map-size 32768]
 
 The step is run as serving runs it (DraftStep: trunk conv rollback, then 8 depths over the
 committed tokens, the pending one and the drafts, padded to fixed shapes), after one verify
-forward whose first `accept` tokens are kept. Kernel durations exclude launch gaps.
+forward whose first `accept` tokens are kept. Kernel durations exclude launch gaps. With
+--token-map-size N the depths draft over N token ids (as --speculative-token-map does; which ids
+does not matter to the time), so two runs give what a draft vocabulary saves.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ def main() -> None:
     p.add_argument("--input-len", type=int, default=1024)
     p.add_argument("--accept", type=int, default=4, help="verified tokens kept (accepted drafts + 1)")
     p.add_argument("--steps", type=int, default=5)
+    p.add_argument("--token-map-size", type=int, default=0, help="a draft vocabulary of this many ids (0: none)")
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args()
     config = slice_config()
@@ -43,7 +46,11 @@ def main() -> None:
     cfg, bsz = config.text, args.batch_size
     ctx = args.input_len + 64
     runner = ModelRunner(model, bsz, ctx, bsz * ctx, attention_backend="triton")
-    worker = MTPWorker(runner, None)
+    vocab = cfg.unpadded_vocab_size
+    token_map = None
+    if args.token_map_size:
+        token_map = torch.randperm(vocab, generator=torch.Generator().manual_seed(1))[: args.token_map_size].sort().values
+    worker = MTPWorker(runner, None, token_map=token_map)
     k = worker.num_steps
     gen = torch.Generator().manual_seed(0)
 
@@ -66,7 +73,8 @@ def main() -> None:
             worker.step.run(*step_args)
         torch.cuda.synchronize()
     report(f"draft step, batch {bsz}, {k} depths, {args.accept} kept", kernel_rows(prof, args.steps), args.out,
-           {"batch_size": bsz, "depths": k, "kept": args.accept}, top=20)
+           {"batch_size": bsz, "depths": k, "kept": args.accept, "token_map_size": args.token_map_size or None},
+           top=20)
 
 
 if __name__ == "__main__":

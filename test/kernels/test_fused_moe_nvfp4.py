@@ -183,33 +183,52 @@ CUDA_CASES = [
     ((9, 1, 4, 512, 512, 40), CudaTiles(nt=2, persist=1)),
     ((33, 2, 6, 512, 256, 5), CudaTiles(nt=1, persist=1, sink_stream=0, split_sinks=1)),
     ((12, 0, 3, 640, 384, 3), CudaTiles(nt=1, persist=1, pdl=1)),
+    # both routed projections in one launch fed by a work queue: batch 1 and 64 at full width, a ring
+    # as deep as the smaller projection allows, 2 column tiles, no sinks, and a shape it does not take
+    # (the two launches instead)
+    ((8, 2, 6, 6144, 3072, 1), CudaTiles(nt=1, fused=1)),
+    ((8, 2, 6, 6144, 3072, 64), CudaTiles(nt=1, fused=1)),
+    ((33, 2, 6, 2048, 1024, 5), CudaTiles(nt=1, fused=1, cp_async=5)),
+    ((9, 1, 4, 1024, 512, 40), CudaTiles(nt=2, fused=1, cp_async=3)),
+    ((12, 0, 3, 1024, 512, 3), CudaTiles(nt=1, fused=1, cp_async=3)),
+    ((33, 2, 6, 512, 256, 5), CudaTiles(nt=1, fused=1)),
 ]
 
 
 @pytest.mark.skipif(not CUDA, reason="CUDA kernels")
 @pytest.mark.parametrize("shape,tiles", CUDA_CASES)
 def test_cuda_decode_matches_reference(shape, tiles):
+    from sgl_inkling_kernels import moe_w4a16_cuda as cuda
+
     x, w13, w2, ids, weights, sw13, sw2, gam = _problem(*shape, torch.bfloat16, seed=5 + sum(shape))
     if not shape[1]:
         sw13 = sw2 = gam = None
-    got = fused_moe_nvfp4(x, *w13, *w2, ids, weights, sw13, sw2, gam, tiles=tiles)
+    fused, real = [], cuda._launch_fused
+    cuda._launch_fused = lambda *a: fused.append(1) or real(*a)
+    try:
+        got = fused_moe_nvfp4(x, *w13, *w2, ids, weights, sw13, sw2, gam, tiles=tiles)
+    finally:
+        cuda._launch_fused = real
     _assert_close(got, _reference(x, w13, w2, ids, weights, sw13, sw2, gam), torch.bfloat16)
+    # the fused launch ran exactly where it applies (a silent fall-back would hide a broken kernel)
+    assert bool(fused) == cuda.fused_applies(tiles, shape[3], shape[4])
 
 
 @pytest.mark.skipif(not CUDA, reason="CUDA kernels")
-@pytest.mark.parametrize("pdl,persist", [(0, 0), (1, 0), (1, 1)])
-def test_side_stream_sinks_replay_from_a_cuda_graph(pdl, persist):
-    """The side-stream fork and join (and the programmatic launch edge, the persistent launches) are
-    captured: replays on new inputs equal the reference."""
-    tiles = CudaTiles(nt=1, sink_stream=1, pdl=pdl, persist=persist)
-    x, w13, w2, ids, weights, sw13, sw2, gam = _problem(16, 2, 6, 512, 256, 4, torch.bfloat16, seed=21)
+@pytest.mark.parametrize("pdl,persist,fused", [(0, 0, 0), (1, 0, 0), (1, 1, 0), (0, 0, 1)])
+def test_side_stream_sinks_replay_from_a_cuda_graph(pdl, persist, fused):
+    """The side-stream fork and join (and the programmatic launch edge, the persistent launches, the
+    fused launch and the zeroing of its queue) are captured: replays on new inputs equal the reference."""
+    tiles = CudaTiles(nt=1, sink_stream=1, pdl=pdl, persist=persist, fused=fused, cp_async=3 if fused else 8)
+    shape = (16, 2, 6, 1024, 512, 4)
+    x, w13, w2, ids, weights, sw13, sw2, gam = _problem(*shape, torch.bfloat16, seed=21)
     static = [t.clone() for t in (x, ids, weights, gam)]
     fused_moe_nvfp4(static[0], *w13, *w2, static[1], static[2], sw13, sw2, static[3], tiles=tiles)  # builds
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         got = fused_moe_nvfp4(static[0], *w13, *w2, static[1], static[2], sw13, sw2, static[3], tiles=tiles)
     for seed in (1, 2):
-        x2, _, _, ids2, weights2, _, _, gam2 = _problem(16, 2, 6, 512, 256, 4, torch.bfloat16, seed=seed)
+        x2, _, _, ids2, weights2, _, _, gam2 = _problem(*shape, torch.bfloat16, seed=seed)
         for dst, src in zip(static, (x2, ids2, weights2, gam2)):
             dst.copy_(src)
         graph.replay()
