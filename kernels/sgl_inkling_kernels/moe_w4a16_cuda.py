@@ -63,6 +63,8 @@ class CudaTiles:
     sink_stream: int = 1
     pdl: int = 0
     persist: int = 0
+    # H200 at 057268b, routed only, us at batch 1 / 8 / 64: the two launches 99 / 535 / 2550, persistent
+    # 105 / 621 / 2815, fused 112 / 637 / 3142 (8 stages; 135 / 692 / 3247 with 4): short CTAs win.
     fused: int = 0
 
     def __post_init__(self):
