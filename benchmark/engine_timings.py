@@ -2,7 +2,8 @@
 process (a separate stage before the server starts: the GPU holds one copy of the slice at a time).
 
     python benchmark/engine_timings.py --config slice --input-len 8192 --output-len 1024 \
-        --batch-size 1 16 64 256 --out benchmark/results/engine_timings_inkling-slice.json
+        --batch-size 1 16 64 256 --out benchmark/results/engine_timings_inkling-slice.json \
+        [--quantization modelopt_fp4]  # NVFP4 routed experts, as the server's --quantization
 
 Measures (CUDA events on the GPU, median of repeats after a warm-up):
 - the prefill of one `--input-len`-token prompt (one EXTEND forward, eager as served);
@@ -31,9 +32,10 @@ sys.path[:0] = [str(ROOT), str(ROOT / "kernels")]
 from benchmark.bench_one_batch import Clock, git_commit, replay_ms  # noqa: E402
 from sgl_inkling.model_executor.cuda_graph_runner import capture_forward  # noqa: E402
 from sgl_inkling.model_executor.forward_batch import ForwardBatch, ForwardMode  # noqa: E402
-from sgl_inkling.model_executor.model_loader import build_model  # noqa: E402
+from sgl_inkling.model_executor.model_loader import build_model, with_expert_quant  # noqa: E402
 from sgl_inkling.model_executor.model_runner import ModelRunner  # noqa: E402
 from sgl_inkling.models.inkling.config import InklingConfig  # noqa: E402
+from sgl_inkling.models.inkling.quant_config import NVFP4_METHODS, resolve_quantization  # noqa: E402
 from sgl_inkling.models.inkling.slice_config import slice_config  # noqa: E402
 from sgl_inkling.models.inkling.tiny import TINY_CONFIG  # noqa: E402
 from sgl_inkling.models.inkling.weights import init_dummy_weights  # noqa: E402
@@ -106,12 +108,15 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--decode-steps", type=int, default=10)
     p.add_argument("--prefill-repeats", type=int, default=2)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--quantization", choices=NVFP4_METHODS, default=None, help="NVFP4 routed experts (dummy codes)")
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args(argv)
     device = torch.device(args.device)
     cuda = device.type == "cuda"
     config = slice_config() if args.config == "slice" else InklingConfig.from_dict(TINY_CONFIG)
-    name = "inkling-slice" if args.config == "slice" else "inkling-tiny"
+    expert_quant = resolve_quantization(args.quantization, None, "dummy")
+    config = with_expert_quant(config, expert_quant)
+    name = ("inkling-slice" if args.config == "slice" else "inkling-tiny") + ("-nvfp4" if expert_quant else "")
     t0 = time.perf_counter()
     model = build_model(config, torch.bfloat16 if cuda else torch.float32, device)
     init_dummy_weights(model, seed=args.seed)

@@ -13,6 +13,8 @@
 # level and stops its server on time-out, so a cut run keeps the levels it finished.
 # Each level's JSON row carries its back-to-back figure from stage 1 (benchmark/back_to_back.py).
 # JSON goes to $OUT (default benchmark/results/gpu_serving). The machine has no .git: pass GIT_COMMIT=<sha>.
+# QUANT=modelopt_fp4: NVFP4 routed experts (dummy codes) in the engine timings and the servers, served as
+# <model>-nvfp4 (its own tables); LEVELS / PROMPTS override the mixed stage's concurrency levels and prompts.
 # Smoke test on a CPU: MODEL=inkling-tiny IN_LEN=64 OUT_LEN=8 benchmark/gpu_serving.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -23,6 +25,12 @@ IN_LEN="${IN_LEN:-8192}"
 OUT_LEN="${OUT_LEN:-1024}"
 CONFIG=slice
 [ "$MODEL" = inkling-tiny ] && CONFIG=tiny
+QUANT="${QUANT:-}"
+NAME="$MODEL${QUANT:+-nvfp4}"
+QARGS=()
+[ -n "$QUANT" ] && QARGS=(--quantization "$QUANT")
+read -r -a LEVELS <<< "${LEVELS:-64 1 16 256}"
+read -r -a PROMPTS <<< "${PROMPTS:-64 2 16 96}"
 if command -v nvidia-smi >/dev/null; then gpu_begin gpu_serving; else
   START=$SECONDS; OUT="${OUT:-$PWD/benchmark/results/gpu_serving}"; mkdir -p "$OUT"; PY="${PYTHON:-python3}"; status=0
   export PYTHONPATH="$PWD/kernels:$PWD/python:$PWD${PYTHONPATH:+:$PYTHONPATH}"
@@ -32,21 +40,22 @@ left() { echo $((BUDGET - (SECONDS - START))); }
 [ "$CONFIG" = slice ] && stage test_mixed_gpu 45 "$PY" -m pytest -q -x -p no:cacheprovider test/gpu/test_mixed_chunk_gpu.py
 stage engine_timings 75 "$PY" benchmark/engine_timings.py --config "$CONFIG" --input-len "$IN_LEN" \
   --output-len "$OUT_LEN" --batch-size 1 16 32 48 64 128 256 --decode-steps 10 --prefill-repeats 2 \
-  --out "$OUT/engine_timings_$MODEL.json"
+  "${QARGS[@]}" --out "$OUT/engine_timings_$NAME.json"
 ENGINE=()
-[ -f "$OUT/engine_timings_$MODEL.json" ] && ENGINE=(--engine-timings "$OUT/engine_timings_$MODEL.json")
+[ -f "$OUT/engine_timings_$NAME.json" ] && ENGINE=(--engine-timings "$OUT/engine_timings_$NAME.json")
 
-SERVER=(--model-path "$MODEL" --max-running-requests 256 --random-seed 0)
+SERVER=(--model-path "$MODEL" --max-running-requests 256 --random-seed 0 "${QARGS[@]}")
+[ -n "$QUANT" ] && SERVER+=(--served-model-name "$NAME")
 [ "$CONFIG" = slice ] && SERVER+=(--load-format dummy)
 BENCH=(benchmark/bench_serving.py --launch-server --server-timeout 150 --random-input-len "$IN_LEN"
   --random-output-len "$OUT_LEN" --seed 1 "${ENGINE[@]}")
 NOTE="benchmark/gpu_serving.sh: $IN_LEN in / $OUT_LEN out; prompts per level in num_prompts"
 lim=$(( $(left) * 55 / 100 ))
-stage serving_mixed "$lim" "$PY" "${BENCH[@]}" --max-concurrency 64 1 16 256 --num-prompts 64 2 16 96 \
-  --note "$NOTE" --output-file "$OUT/bench_serving_${MODEL}_mixed.json" -- "${SERVER[@]}" --enable-mixed-chunk
+stage serving_mixed "$lim" "$PY" "${BENCH[@]}" --max-concurrency "${LEVELS[@]}" --num-prompts "${PROMPTS[@]}" \
+  --note "$NOTE" --output-file "$OUT/bench_serving_${NAME}_mixed.json" -- "${SERVER[@]}" --enable-mixed-chunk
 lim=$(( $(left) - 5 ))
 [ "$lim" -gt 20 ] && stage serving_plain "$lim" "$PY" "${BENCH[@]}" --max-concurrency 64 16 --num-prompts 64 16 \
-  --note "$NOTE" --output-file "$OUT/bench_serving_${MODEL}_plain.json" -- "${SERVER[@]}" --no-enable-mixed-chunk
+  --note "$NOTE" --output-file "$OUT/bench_serving_${NAME}_plain.json" -- "${SERVER[@]}" --no-enable-mixed-chunk
 "$PY" benchmark/results_table.py "$OUT" --include-cpu 2>&1 | tee "$OUT/results_table.md"
 echo "== done ($((SECONDS - START)) s)"
 exit $status

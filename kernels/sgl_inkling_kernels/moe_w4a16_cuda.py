@@ -46,7 +46,9 @@ class CudaTiles:
     gate/up launch finishes (Hopper); persist, routed-only launches (at most 2 column tiles, with the
     cp.async ring) as one resident wave of CTAs that stream their tiles back to back; fused, the routed
     gate/up and down projections in one launch whose CTAs take (block, tile) items from a work queue
-    (down items wait for their block's gate/up items), where fused_applies (else the two launches)."""
+    (down items wait for their block's gate/up items), where fused_applies (else the two launches);
+    row_ring, stages of a per-warp shared-memory ring whose copies cover whole 128-byte row spans (two
+    chunks a stage) in place of the cp.async chunk ring (0: off; odd chunk counts use one register chunk)."""
 
     nt: int = 1
     depth: int = 4
@@ -66,6 +68,7 @@ class CudaTiles:
     # H200 at 057268b, routed only, us at batch 1 / 8 / 64: the two launches 99 / 535 / 2550, persistent
     # 105 / 621 / 2815, fused 112 / 637 / 3142 (8 stages; 135 / 692 / 3247 with 4): short CTAs win.
     fused: int = 0
+    row_ring: int = 0
 
     def __post_init__(self):
         if self.x_prefetch and self.cp_async:
@@ -73,9 +76,9 @@ class CudaTiles:
 
     def defines(self) -> tuple[tuple[str, int], ...]:
         names = ("MOE_L2_PREFETCH", "MOE_WARPS", "MOE_DUAL_ACC", "MOE_X_PREFETCH", "MOE_CP_ASYNC", "MOE_SPLIT_SINKS",
-                 "MOE_PDL", "MOE_PERSIST", "MOE_FUSED")  # fmt: skip
+                 "MOE_PDL", "MOE_PERSIST", "MOE_FUSED", "MOE_ROW_RING")  # fmt: skip
         values = (self.l2, self.warps, self.dual_acc, self.x_prefetch, self.cp_async, self.split_sinks, self.pdl,
-                  self.persist, self.fused)  # fmt: skip
+                  self.persist, self.fused, self.row_ring)  # fmt: skip
         return tuple(zip(names, values))
 
 
@@ -193,6 +196,8 @@ def moe_w4a16_decode(x, w13, s13, g13, w2, s2, g2, ids, weights, sw13, sw2, gam,
     """Fill out (and act) for the routed pairs and the sinks (in the same launches when the batch
     fits tiles.kernel_sink_max, else through cuBLAS, on a side stream with tiles.sink_stream)."""
     lib = _library(tiles.defines())
+    if tiles.row_ring and any(s.data_ptr() % 16 or s.stride(1) % 16 for s in (s13, s2)):
+        raise ValueError("moe_w4a16: the row ring copies 16-byte scale segments: scale rows must be 16-byte aligned")
     t, k = weights.shape
     n_pairs = t * k
     n_exp = w13.shape[0]

@@ -433,6 +433,84 @@ __device__ __forceinline__ void finish_tile(const Args& a, const Blocks& b, int 
 }
 
 
+#ifndef MOE_ROW_RING  // super-stages of a per-warp ring that copies whole 128-byte row spans (0: off)
+#define MOE_ROW_RING 0
+#endif
+
+#if MOE_ROW_RING
+// The row ring: a warp's stage is two adjacent chunks (K 256: 128 code bytes per row) of its tile's 16
+// rows, copied so that each cp.async instruction covers 4 rows x 128 contiguous bytes (4 L2 requests
+// of whole lines, where the chunk ring's covers 8 rows x 64 bytes: 8 half-line requests for the same
+// bytes). Consumers read their 16-byte segments back from rows 128 bytes apart; the 16-byte unit
+// index is XOR-swizzled by a row bit so that the 8 lanes of each quarter-warp hit distinct banks.
+constexpr int kRowSpan = 2;  // chunks per row-ring stage
+
+__device__ __forceinline__ int row_swz(int lr) { return ((lr ^ (lr >> 1)) & 1) << 2; }
+
+template <int S>
+__device__ __forceinline__ void row_fill(uint4 (&ring)[kWarps][S][16][8], uint4 (&sc)[kWarps][S][16], int warp,
+                                         int st, int lane, const uint8_t* codes, int64_t s_cr, const uint8_t* scales,
+                                         int64_t s_sr, int sp) {
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int lr = 4 * i + (lane >> 3), u = lane & 7;
+    cp_async16(&ring[warp][st][lr][u ^ row_swz(lr)], codes + lr * s_cr + sp * 128 + u * 16);
+  }
+  if (lane < 16) cp_async16(&sc[warp][st][lane], scales + lane * s_sr + sp * 16);
+}
+
+// Chunk c (0, 1) of stage st for the thread's rows lr0, lr1 (as load_chunk would load it).
+template <int S>
+__device__ __forceinline__ WChunk<true> row_chunk(const uint4 (&ring)[kWarps][S][16][8],
+                                                  const uint4 (&sc)[kWarps][S][16], int warp, int st, int c,
+                                                  int lr0, int lr1, int lane4) {
+  WChunk<true> w;
+  const int u = c * 4 + lane4;
+  w.w[0] = ring[warp][st][lr0][u ^ row_swz(lr0)];
+  w.w[1] = ring[warp][st][lr1][u ^ row_swz(lr1)];
+  w.s[0] = reinterpret_cast<const uint16_t*>(&sc[warp][st][lr0])[u];
+  w.s[1] = reinterpret_cast<const uint16_t*>(&sc[warp][st][lr1])[u];
+  return w;
+}
+
+// A routed tile's products through the row ring: the CTA's warps take stages (2 chunks) in turn, each
+// keeping S - 1 stages in flight. codes / scales point at the tile's first row.
+template <int NT, bool UP>
+__device__ __forceinline__ void row_ring_products(const uint8_t* codes, int64_t s_cr, const uint8_t* scales,
+                                                  int64_t s_sr, int n_chunks, int warp, int lane, int g, int lane4,
+                                                  const __nv_bfloat16* const (&xrow)[NT], const bool (&xok)[NT],
+                                                  float (&acc)[NT][4], float (&acc2)[NT][4]) {
+  // As deep as asked, within the 48 KB of static shared memory beside finish_tile's reduction buffer.
+  constexpr int kFit = (48 * 1024 - (kWarps - 1) * NT * 4 * 32 * 4) / (kWarps * (16 * 8 + 16) * 16);
+  constexpr int S = (MOE_ROW_RING > 2 ? MOE_ROW_RING : 2) < kFit ? (MOE_ROW_RING > 2 ? MOE_ROW_RING : 2) : kFit;
+  static_assert(S >= 2, "the row ring needs two stages");
+  __shared__ uint4 ring[kWarps][S][16][8];
+  __shared__ uint4 sc[kWarps][S][16];
+  const int n_stages = n_chunks / kRowSpan;
+  const int lr0 = UP ? 2 * g : g, lr1 = UP ? 2 * g + 1 : g + 8;
+  auto issue = [&](int sp, int st) {
+    if (sp < n_stages) row_fill<S>(ring, sc, warp, st, lane, codes, s_cr, scales, s_sr, sp);
+    cp_async_commit();
+  };
+#pragma unroll
+  for (int st = 0; st < S - 1; ++st) issue(warp + kWarps * st, st);
+  pdl_wait();  // the activations below come from the previous launch
+  uint32_t xnone[16] = {};
+  for (int i = 0; warp + kWarps * i < n_stages; ++i) {
+    const int sp = warp + kWarps * i, st = i % S;
+    cp_async_wait<S - 2>();
+    __syncwarp();  // lanes read rows other lanes copied
+    const WChunk<true> c0 = row_chunk<S>(ring, sc, warp, st, 0, lr0, lr1, lane4);
+    const WChunk<true> c1 = row_chunk<S>(ring, sc, warp, st, 1, lr0, lr1, lane4);
+    __syncwarp();  // before the stage is refilled
+    issue(sp + kWarps * (S - 1), (i + S - 1) % S);
+    compute_chunk<true, NT>(acc, acc2, c0, xrow, xok, kRowSpan * sp, lane4, xnone);
+    compute_chunk<true, NT>(acc, acc2, c1, xrow, xok, kRowSpan * sp + 1, lane4, xnone);
+  }
+  cp_async_wait<0>();
+}
+#endif
+
 // One warp's 16-row tile of block blk: FP4 a routed block, else a BF16 sink block.
 template <bool FP4, int NT, bool UP, int DEPTH>
 __device__ __forceinline__ void tile(const Args& a, const Blocks& b, int blk, int rt, int warp, int g, int lane4,
@@ -470,7 +548,18 @@ __device__ __forceinline__ void tile(const Args& a, const Blocks& b, int blk, in
   // while one computes, the loads of the next DEPTH are issued (a BF16 chunk is 4x the bytes and
   // registers of an NVFP4 one: one is in flight).
   const int n_chunks = K / kChunk;
-  if constexpr (FP4 && MOE_CP_ASYNC > 0) {
+  bool streamed = false;
+#if MOE_ROW_RING
+  if constexpr (FP4) {
+    if (n_chunks % kRowSpan == 0) {
+      row_ring_products<NT, UP>(a.codes + e * a.s_ce + rt * 16 * a.s_cr, a.s_cr, a.scales + e * a.s_se + rt * 16 * a.s_sr,
+                                a.s_sr, n_chunks, warp, g * 4 + lane4, g, lane4, xrow, xok, acc, acc2);
+      streamed = true;
+    }
+  }
+#endif
+  if (streamed) {
+  } else if constexpr (FP4 && MOE_CP_ASYNC > 0 && !MOE_ROW_RING) {  // (with the row ring: the register ring)
     // The same chunk order through a per-warp ring of S shared-memory stages filled by cp.async:
     // S - 1 chunks in flight for the cost of one chunk's registers. A lane reads back its own code
     // segments; the scales come in 4-byte copies by even lanes (two lanes' pairs), hence the
@@ -494,7 +583,7 @@ __device__ __forceinline__ void tile(const Args& a, const Blocks& b, int blk, in
     }
     cp_async_wait<0>();
   } else {
-  constexpr int D = FP4 ? DEPTH : 1;
+  constexpr int D = FP4 && !MOE_ROW_RING ? DEPTH : 1;  // (the row ring's fallback for odd chunk counts: lean)
   WChunk<FP4> buf[D];
 #pragma unroll
   for (int d = 0; d < D; ++d) {
