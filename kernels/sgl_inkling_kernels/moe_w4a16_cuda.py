@@ -48,7 +48,7 @@ class CudaTiles:
     gate/up and down projections in one launch whose CTAs take (block, tile) items from a work queue
     (down items wait for their block's gate/up items), where fused_applies (else the two launches);
     row_ring, stages of a per-warp shared-memory ring whose copies cover whole 128-byte row spans (two
-    chunks a stage) in place of the cp.async chunk ring (0: off; odd chunk counts use one register chunk)."""
+    chunks a stage) in place of the cp.async chunk ring and the register ring (0: off)."""
 
     nt: int = 1
     depth: int = 4
@@ -68,7 +68,9 @@ class CudaTiles:
     # H200 at 057268b, routed only, us at batch 1 / 8 / 64: the two launches 99 / 535 / 2550, persistent
     # 105 / 621 / 2815, fused 112 / 637 / 3142 (8 stages; 135 / 692 / 3247 with 4): short CTAs win.
     fused: int = 0
-    row_ring: int = 0
+    # H200 at e5dd617, fused MoE (routed) us at batch 1 / 8 / 64: chunk ring 147.7 (99.5) / 600.2 (536.5) /
+    # 2567 (2476); row ring of 4 stages 145.4 (90.4) / 555.0 (485.4) / 2416 (2307); 3 and 5 stages slower.
+    row_ring: int = 4
 
     def __post_init__(self):
         if self.x_prefetch and self.cp_async:
@@ -196,8 +198,8 @@ def moe_w4a16_decode(x, w13, s13, g13, w2, s2, g2, ids, weights, sw13, sw2, gam,
     """Fill out (and act) for the routed pairs and the sinks (in the same launches when the batch
     fits tiles.kernel_sink_max, else through cuBLAS, on a side stream with tiles.sink_stream)."""
     lib = _library(tiles.defines())
-    if tiles.row_ring and any(s.data_ptr() % 16 or s.stride(1) % 16 for s in (s13, s2)):
-        raise ValueError("moe_w4a16: the row ring copies 16-byte scale segments: scale rows must be 16-byte aligned")
+    if tiles.row_ring and any(s.data_ptr() % 8 or s.stride(1) % 8 for s in (s13, s2)):
+        raise ValueError("moe_w4a16: the row ring copies 8-byte scale segments: scale rows must be 8-byte aligned")
     t, k = weights.shape
     n_pairs = t * k
     n_exp = w13.shape[0]

@@ -157,24 +157,24 @@ def test_refuses_wrong_layout_naming_the_tensor():
 CUDA_CASES = [
     ((8, 2, 6, 6144, 3072, 1), None),
     ((8, 2, 6, 6144, 3072, 64), None),
-    ((33, 2, 6, 512, 256, 5), CudaTiles(nt=1, depth=4)),
-    ((9, 1, 4, 256, 384, 40), CudaTiles(nt=2)),
-    ((17, 2, 6, 1024, 512, 100), CudaTiles(nt=4)),
-    ((5, 2, 2, 384, 128, 64), CudaTiles(nt=8, depth=4)),
-    ((12, 0, 3, 640, 256, 3), CudaTiles(nt=1)),
+    ((33, 2, 6, 512, 256, 5), CudaTiles(row_ring=0, nt=1, depth=4)),
+    ((9, 1, 4, 256, 384, 40), CudaTiles(row_ring=0, nt=2)),
+    ((17, 2, 6, 1024, 512, 100), CudaTiles(row_ring=0, nt=4)),
+    ((5, 2, 2, 384, 128, 64), CudaTiles(row_ring=0, nt=8, depth=4)),
+    ((12, 0, 3, 640, 256, 3), CudaTiles(row_ring=0, nt=1)),
     # build choices (one library each): the cp.async ring with split launches, 8 warps with the
     # activation prefetch, and the ring under more column tiles
-    ((8, 2, 6, 6144, 3072, 1), CudaTiles(nt=1, cp_async=8, split_sinks=1)),
-    ((33, 2, 6, 512, 256, 5), CudaTiles(nt=1, cp_async=6, split_sinks=1)),
-    ((9, 1, 4, 256, 384, 40), CudaTiles(nt=1, depth=2, warps=8, x_prefetch=1, cp_async=0, split_sinks=0)),
-    ((17, 2, 6, 1024, 512, 100), CudaTiles(nt=4, cp_async=8)),
+    ((8, 2, 6, 6144, 3072, 1), CudaTiles(row_ring=0, nt=1, cp_async=8, split_sinks=1)),
+    ((33, 2, 6, 512, 256, 5), CudaTiles(row_ring=0, nt=1, cp_async=6, split_sinks=1)),
+    ((9, 1, 4, 256, 384, 40), CudaTiles(row_ring=0, nt=1, depth=2, warps=8, x_prefetch=1, cp_async=0, split_sinks=0)),
+    ((17, 2, 6, 1024, 512, 100), CudaTiles(row_ring=0, nt=4, cp_async=8)),
     # the sinks through cuBLAS on a side stream, concurrent with the routed launches
-    ((8, 2, 6, 6144, 3072, 1), CudaTiles(nt=1, sink_stream=1)),
-    ((33, 2, 6, 512, 256, 40), CudaTiles(nt=1, sink_stream=1)),
+    ((8, 2, 6, 6144, 3072, 1), CudaTiles(row_ring=0, nt=1, sink_stream=1)),
+    ((33, 2, 6, 512, 256, 40), CudaTiles(row_ring=0, nt=1, sink_stream=1)),
     # the down launch as a programmatic dependent launch (weights streamed before the gate/up grid ends)
-    ((8, 2, 6, 6144, 3072, 1), CudaTiles(nt=1, pdl=1)),
-    ((17, 2, 6, 1024, 512, 100), CudaTiles(nt=4, pdl=1, sink_stream=0, split_sinks=1)),
-    ((9, 1, 4, 256, 384, 5), CudaTiles(nt=1, depth=2, x_prefetch=1, cp_async=0, pdl=1, sink_stream=0)),
+    ((8, 2, 6, 6144, 3072, 1), CudaTiles(row_ring=0, nt=1, pdl=1)),
+    ((17, 2, 6, 1024, 512, 100), CudaTiles(row_ring=0, nt=4, pdl=1, sink_stream=0, split_sinks=1)),
+    ((9, 1, 4, 256, 384, 5), CudaTiles(row_ring=0, nt=1, depth=2, x_prefetch=1, cp_async=0, pdl=1, sink_stream=0)),
     # persistent routed launches (one resident wave streaming its tiles back to back): batch 1 and 64 at
     # full width, 2 column tiles, sinks in the kernel's split launch, a K whose chunks do not divide
     # among the warps (the per-tile kernel instead), and with the programmatic down launch
@@ -192,11 +192,12 @@ CUDA_CASES = [
     ((9, 1, 4, 1024, 512, 40), CudaTiles(nt=2, fused=1, cp_async=3)),
     ((12, 0, 3, 1024, 512, 3), CudaTiles(nt=1, fused=1, cp_async=3)),
     ((33, 2, 6, 512, 256, 5), CudaTiles(nt=1, fused=1)),
-    # the row ring (copies of whole 128-byte row spans): batch 1 and 64 at full width, the sinks in the
-    # kernel, 2 / 4 / 8 column tiles (the ring clamped to the shared memory), odd chunk counts (H 640,
-    # I 384: the one-register-chunk fallback)
-    ((8, 2, 6, 6144, 3072, 1), CudaTiles(nt=1, row_ring=4)),
-    ((8, 2, 6, 6144, 3072, 64), CudaTiles(nt=1, row_ring=4)),
+    # the row ring (copies of whole 128-byte row spans; the default build) beside the chunk ring it
+    # replaced: batch 1 and 64 at full width, the sinks in the kernel, 2 / 4 / 8 column tiles (the ring
+    # clamped to the shared memory), odd chunk counts (H 640, I 384 as under TP 8: a half last stage)
+    ((8, 2, 6, 6144, 3072, 1), CudaTiles(nt=1, row_ring=0)),
+    ((8, 2, 6, 6144, 3072, 64), CudaTiles(nt=1, row_ring=0)),
+    ((8, 2, 6, 6144, 384, 1), CudaTiles(nt=1, row_ring=4)),
     ((33, 2, 6, 512, 256, 5), CudaTiles(nt=1, row_ring=3, sink_stream=0, split_sinks=0)),
     ((9, 1, 4, 256, 512, 40), CudaTiles(nt=2, row_ring=5)),
     ((17, 2, 6, 1024, 512, 100), CudaTiles(nt=4, row_ring=5)),

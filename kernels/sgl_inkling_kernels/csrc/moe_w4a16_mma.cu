@@ -6,8 +6,9 @@
 // ~4.4 that 4.3 TB/s allows; here the weights are decoded straight into mma.sync A fragments
 // (bf16, block scale folded in by one packed multiply) and the tensor core does the products:
 // about 2.7 instructions per weight (counted from the PTX), with later K chunks' loads in flight
-// while one computes (a register ring, or by default a cp.async shared-memory ring; Nsight Compute
-// at batch 1 finds the kernel bound by memory latency, not by issue: results/ncu_moe_w4a16_bs1.txt).
+// while one computes (a register ring, a cp.async shared-memory ring of chunks, or by default one of
+// whole 128-byte row spans, which halves the L2 requests; Nsight Compute at batch 1 finds the chunk
+// ring bound by memory latency, not by issue: results/ncu_moe_w4a16_bs1.txt).
 //
 // Swap-AB: out^T[rows, tokens] = W[rows, K] x X^T[K, tokens]; a CTA owns a 16-row tile of one
 // expert and up to 8 * NT (token, slot) columns; its warps walk K in interleaved chunks of 128
@@ -443,33 +444,42 @@ __device__ __forceinline__ void finish_tile(const Args& a, const Blocks& b, int 
 // of whole lines, where the chunk ring's covers 8 rows x 64 bytes: 8 half-line requests for the same
 // bytes). Consumers read their 16-byte segments back from rows 128 bytes apart; the 16-byte unit
 // index is XOR-swizzled by a row bit so that the 8 lanes of each quarter-warp hit distinct banks.
+// An odd chunk count (e.g. I = 384 under TP 8) ends in a half stage; scale rows are then only 8-byte
+// aligned, so the scales come in 8-byte copies.
 constexpr int kRowSpan = 2;  // chunks per row-ring stage
 
 __device__ __forceinline__ int row_swz(int lr) { return ((lr ^ (lr >> 1)) & 1) << 2; }
 
+__device__ __forceinline__ void cp_async8(void* dst, const void* src) {
+  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"(d), "l"(src));
+}
+
 template <int S>
-__device__ __forceinline__ void row_fill(uint4 (&ring)[kWarps][S][16][8], uint4 (&sc)[kWarps][S][16], int warp,
+__device__ __forceinline__ void row_fill(uint4 (&ring)[kWarps][S][16][8], uint2 (&sc)[kWarps][S][16][2], int warp,
                                          int st, int lane, const uint8_t* codes, int64_t s_cr, const uint8_t* scales,
-                                         int64_t s_sr, int sp) {
+                                         int64_t s_sr, int sp, bool full) {
+  const int u = lane & 7;
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
-    const int lr = 4 * i + (lane >> 3), u = lane & 7;
-    cp_async16(&ring[warp][st][lr][u ^ row_swz(lr)], codes + lr * s_cr + sp * 128 + u * 16);
+    const int lr = 4 * i + (lane >> 3);
+    if (full || u < 4) cp_async16(&ring[warp][st][lr][u ^ row_swz(lr)], codes + lr * s_cr + sp * 128 + u * 16);
   }
-  if (lane < 16) cp_async16(&sc[warp][st][lane], scales + lane * s_sr + sp * 16);
+  if (full || (lane & 1) == 0)
+    cp_async8(&sc[warp][st][lane >> 1][lane & 1], scales + (lane >> 1) * s_sr + sp * 16 + (lane & 1) * 8);
 }
 
 // Chunk c (0, 1) of stage st for the thread's rows lr0, lr1 (as load_chunk would load it).
 template <int S>
 __device__ __forceinline__ WChunk<true> row_chunk(const uint4 (&ring)[kWarps][S][16][8],
-                                                  const uint4 (&sc)[kWarps][S][16], int warp, int st, int c,
+                                                  const uint2 (&sc)[kWarps][S][16][2], int warp, int st, int c,
                                                   int lr0, int lr1, int lane4) {
   WChunk<true> w;
   const int u = c * 4 + lane4;
   w.w[0] = ring[warp][st][lr0][u ^ row_swz(lr0)];
   w.w[1] = ring[warp][st][lr1][u ^ row_swz(lr1)];
-  w.s[0] = reinterpret_cast<const uint16_t*>(&sc[warp][st][lr0])[u];
-  w.s[1] = reinterpret_cast<const uint16_t*>(&sc[warp][st][lr1])[u];
+  w.s[0] = reinterpret_cast<const uint16_t*>(&sc[warp][st][lr0][0])[u];
+  w.s[1] = reinterpret_cast<const uint16_t*>(&sc[warp][st][lr1][0])[u];
   return w;
 }
 
@@ -485,11 +495,11 @@ __device__ __forceinline__ void row_ring_products(const uint8_t* codes, int64_t 
   constexpr int S = (MOE_ROW_RING > 2 ? MOE_ROW_RING : 2) < kFit ? (MOE_ROW_RING > 2 ? MOE_ROW_RING : 2) : kFit;
   static_assert(S >= 2, "the row ring needs two stages");
   __shared__ uint4 ring[kWarps][S][16][8];
-  __shared__ uint4 sc[kWarps][S][16];
-  const int n_stages = n_chunks / kRowSpan;
+  __shared__ uint2 sc[kWarps][S][16][2];
+  const int n_stages = (n_chunks + kRowSpan - 1) / kRowSpan;
   const int lr0 = UP ? 2 * g : g, lr1 = UP ? 2 * g + 1 : g + 8;
   auto issue = [&](int sp, int st) {
-    if (sp < n_stages) row_fill<S>(ring, sc, warp, st, lane, codes, s_cr, scales, s_sr, sp);
+    if (sp < n_stages) row_fill<S>(ring, sc, warp, st, lane, codes, s_cr, scales, s_sr, sp, 2 * sp + 1 < n_chunks);
     cp_async_commit();
   };
 #pragma unroll
@@ -500,12 +510,14 @@ __device__ __forceinline__ void row_ring_products(const uint8_t* codes, int64_t 
     const int sp = warp + kWarps * i, st = i % S;
     cp_async_wait<S - 2>();
     __syncwarp();  // lanes read rows other lanes copied
+    const bool full = 2 * sp + 1 < n_chunks;
     const WChunk<true> c0 = row_chunk<S>(ring, sc, warp, st, 0, lr0, lr1, lane4);
-    const WChunk<true> c1 = row_chunk<S>(ring, sc, warp, st, 1, lr0, lr1, lane4);
+    WChunk<true> c1;
+    if (full) c1 = row_chunk<S>(ring, sc, warp, st, 1, lr0, lr1, lane4);
     __syncwarp();  // before the stage is refilled
     issue(sp + kWarps * (S - 1), (i + S - 1) % S);
     compute_chunk<true, NT>(acc, acc2, c0, xrow, xok, kRowSpan * sp, lane4, xnone);
-    compute_chunk<true, NT>(acc, acc2, c1, xrow, xok, kRowSpan * sp + 1, lane4, xnone);
+    if (full) compute_chunk<true, NT>(acc, acc2, c1, xrow, xok, kRowSpan * sp + 1, lane4, xnone);
   }
   cp_async_wait<0>();
 }
@@ -548,18 +560,12 @@ __device__ __forceinline__ void tile(const Args& a, const Blocks& b, int blk, in
   // while one computes, the loads of the next DEPTH are issued (a BF16 chunk is 4x the bytes and
   // registers of an NVFP4 one: one is in flight).
   const int n_chunks = K / kChunk;
-  bool streamed = false;
+  if constexpr (FP4 && MOE_ROW_RING) {
 #if MOE_ROW_RING
-  if constexpr (FP4) {
-    if (n_chunks % kRowSpan == 0) {
-      row_ring_products<NT, UP>(a.codes + e * a.s_ce + rt * 16 * a.s_cr, a.s_cr, a.scales + e * a.s_se + rt * 16 * a.s_sr,
-                                a.s_sr, n_chunks, warp, g * 4 + lane4, g, lane4, xrow, xok, acc, acc2);
-      streamed = true;
-    }
-  }
+    row_ring_products<NT, UP>(a.codes + e * a.s_ce + rt * 16 * a.s_cr, a.s_cr, a.scales + e * a.s_se + rt * 16 * a.s_sr,
+                              a.s_sr, n_chunks, warp, g * 4 + lane4, g, lane4, xrow, xok, acc, acc2);
 #endif
-  if (streamed) {
-  } else if constexpr (FP4 && MOE_CP_ASYNC > 0 && !MOE_ROW_RING) {  // (with the row ring: the register ring)
+  } else if constexpr (FP4 && MOE_CP_ASYNC > 0) {
     // The same chunk order through a per-warp ring of S shared-memory stages filled by cp.async:
     // S - 1 chunks in flight for the cost of one chunk's registers. A lane reads back its own code
     // segments; the scales come in 4-byte copies by even lanes (two lanes' pairs), hence the
@@ -583,7 +589,7 @@ __device__ __forceinline__ void tile(const Args& a, const Blocks& b, int blk, in
     }
     cp_async_wait<0>();
   } else {
-  constexpr int D = FP4 && !MOE_ROW_RING ? DEPTH : 1;  // (the row ring's fallback for odd chunk counts: lean)
+  constexpr int D = FP4 ? DEPTH : 1;
   WChunk<FP4> buf[D];
 #pragma unroll
   for (int d = 0; d < D; ++d) {
