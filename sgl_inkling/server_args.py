@@ -174,8 +174,8 @@ class ServerArgs:
                        help="Most tokens in one prefill batch.")
         g.add_argument("--enable-mixed-chunk", action=argparse.BooleanOptionalAction, default=d.enable_mixed_chunk,
                        help="A step that prefills a chunk also decodes one token of every running request "
-                            "(within --chunked-prefill-size); decode steps then run synchronously (no overlap "
-                            "scheduling). Default: off, as upstream; refused with MTP.")
+                            "(within --chunked-prefill-size); mixed steps overlap as decode steps do unless "
+                            "--disable-overlap-schedule. Default: off, as upstream; refused with MTP.")
         g.add_argument("--schedule-policy", choices=SCHEDULE_POLICIES, default=d.schedule_policy,
                        help="fcfs: arrival order; lpm: longest cached prefix first.")
         g.add_argument("--disable-radix-cache", action="store_true")
@@ -187,7 +187,7 @@ class ServerArgs:
         g.add_argument("--stream-interval", type=int, default=d.stream_interval,
                        help="Decode steps between streamed chunks.")
         g.add_argument("--disable-overlap-schedule", action="store_true",
-                       help="Run every decode step synchronously. Default: plain decode steps overlap (the host "
+                       help="Run every decode step synchronously. Default: decode (and mixed) steps overlap (the host "
                             "builds and launches step n+1, then reads step n's tokens); MTP is always synchronous.")
 
         g = parser.add_argument_group("parallelism and kernels")

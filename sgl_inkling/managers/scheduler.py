@@ -133,8 +133,10 @@ class Scheduler(OverlapDecodeMixin, SamplingMixin, PrefillMixin, SpecDecodeMixin
 
     def step(self) -> None:
         self.step_reqs, self.step_allocs = [], {}
+        pending = self.pending
         if (self.waiting or self.partial) and self.run_prefill():
-            self.commit_pending()  # the prefill read its tokens back, so the pending decode's are there
+            if self.pending is pending:  # a synchronous prefill read its tokens back: the pending step's are there
+                self.commit_pending()  # (an overlapped mixed step committed it and left its own)
             return
         if self.running:
             self.run_decode()

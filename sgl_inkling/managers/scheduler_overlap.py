@@ -1,5 +1,5 @@
-"""Plain (non-MTP) decode steps, overlapped as SGLang's overlap scheduler does, or synchronous
-(mixed into Scheduler).
+"""Plain (non-MTP) decode steps and mixed prefill + decode steps, overlapped as SGLang's overlap
+scheduler does, or synchronous (mixed into Scheduler).
 
 An overlapped decode step n + 1, with step n's sampling still in flight (`self.pending`):
 1. build and launch step n + 1's forward. Its input ids are step n's sampled-token tensor, which
@@ -18,11 +18,22 @@ step n + 1's forward too: that forward consumed its last token, so its KV and sh
 those of its whole output (the prefix cache takes them, as a continuation would want); it samples
 nothing and its slots are freed with it. A request aborted while its token is in flight discards it.
 
+A mixed step (--enable-mixed-chunk: prefill chunks with one decode token per running request, see
+scheduler_prefill.py) runs the same three phases: its EXTEND batch is built on the host with a
+placeholder at each rider's position, which one device copy then overwrites with the pending step's
+token (the `_input_ids` gather); the forward is queued, the pending step committed, and the sampling
+of the riders still live plus the requests whose prompt completed in this chunk becomes the new
+pending step. Those requests join the running batch at once and their first token is read at the
+next commit, so their TTFT includes one more step than the synchronous path's. Prompt logprobs are
+read from the logits after the sampling is queued (the read waits for the forward: correct, only
+less overlapped). When the forward raises, nothing was committed: the riders are put back and the
+pending step stays pending.
+
 Synchronous instead (the pending step committed first): steps that need every token on the host,
-i.e. prefill / chunked-prefill steps (they read their first tokens back at once; the pending step is
-committed right after them), a decode step that must retract (the victim's tokens must be known),
-MTP (verify reads its acceptance back: overlap is off, logged at start), --enable-mixed-chunk (a
-mixed step's decode tokens are read on the host; overlap is off, logged), --disable-overlap-schedule.
+i.e. prefill / chunked-prefill steps without riders (they read their first tokens back at once; the
+pending step is committed right after them), a decode step that must retract (the victim's tokens
+must be known), MTP (verify reads its acceptance back: overlap is off, logged at start),
+--disable-overlap-schedule.
 """
 
 from __future__ import annotations
@@ -43,7 +54,7 @@ logger = logging.getLogger(__name__)
 
 @dataclass
 class PendingStep:
-    """A decode step whose sampling is queued but whose tokens the host has not read yet."""
+    """A decode or mixed step whose sampling is queued but whose tokens the host has not read yet."""
 
     reqs: list[Req]  # row i of next_ids is reqs[i]'s token
     next_ids: torch.Tensor  # [B] int64, on the device: the next step's input ids
@@ -56,13 +67,14 @@ class OverlapDecodeMixin:
 
     def init_overlap(self, server_args) -> None:
         wanted = not server_args.disable_overlap_schedule
-        self.overlap = wanted and server_args.speculative_algorithm is None and not server_args.enable_mixed_chunk
-        if wanted and server_args.speculative_algorithm is not None:
+        self.overlap = wanted and server_args.speculative_algorithm is None
+        if wanted and not self.overlap:
             logger.info("overlap scheduling is off: MTP verify steps run synchronously")
-        elif wanted and not self.overlap:  # a mixed step's riders read their last token on the host
-            logger.info("overlap scheduling is off: --enable-mixed-chunk runs decode steps synchronously")
+        elif self.overlap:
+            mixed = " and mixed prefill + decode steps" if server_args.enable_mixed_chunk else ""
+            logger.info("overlap scheduling is on: decode steps%s overlap", mixed)
         self.pending: PendingStep | None = None
-        self.decode_steps = {"overlap_decode_steps": 0, "sync_decode_steps": 0}
+        self.decode_steps = {"overlap_decode_steps": 0, "sync_decode_steps": 0, "overlap_mixed_steps": 0}
 
     def overlap_stats(self) -> dict:
         return {"overlap_schedule": self.overlap, **self.decode_steps}
@@ -103,6 +115,15 @@ class OverlapDecodeMixin:
             out = self.launch_sampling(live_reqs, logits)
             self.pending = PendingStep(live_reqs, out.next_token_ids, out.to_host_later())
         self.running = [r for r in self.running if not r.finished]
+
+    def launch_mixed(self, reqs: list[Req], logits: torch.Tensor, done: list[Req]) -> None:
+        """A mixed step's forward is queued and the previous step committed: queue its sampling (row i
+        of logits is reqs[i]'s) as the new pending step. The requests whose prompt completed (`done`)
+        join the running batch now; their first token is read at the next commit."""
+        if reqs:
+            out = self.launch_sampling(reqs, logits)
+            self.pending = PendingStep(reqs, out.next_token_ids, out.to_host_later())
+        self.running = [r for r in self.running if not r.finished] + done
 
     def _input_ids(self, reqs: list[Req]) -> torch.Tensor | list[list[int]]:
         """The step's input ids: a pending request's from the device, the others' from the host."""

@@ -17,6 +17,11 @@ would take more than half of the budget, or when there is no memory for its deco
 plain decode step then retracts): waiting prompts are never starved by decode. When a mixed
 forward raises, the riders' conv state (saved before it) and slots are put back: only the prefill
 requests fail, as they would without mixing, and the riders decode again the next step.
+
+With overlap scheduling (the default) a mixed step is overlapped like a decode step: the riders'
+tokens come from the pending step on the device, the forward is queued before the pending step is
+committed, and the step's own sampling becomes the next pending step (scheduler_overlap.py). A step
+without riders reads its tokens back at once, as without the flag.
 """
 
 from __future__ import annotations
@@ -29,13 +34,15 @@ from sgl_inkling.managers.schedule_batch import Req
 from sgl_inkling.model_executor.forward_batch import ForwardBatch, ForwardMode
 from sgl_inkling.model_executor.step_faults import model_step
 from sgl_inkling.multimodal.embed import extend_input_embeds
+from sgl_inkling.sampling.host_copy import to_device
 
 Entry = tuple[Req, int, tuple]  # request, new tokens this step, their (full, swa) KV slots
 
 
 class PrefillMixin:
     """Needs the Scheduler's kv, runner, spec, policy, chunk_budget, mixed_chunk, waiting/running/
-    partial, step_reqs/step_allocs, mixed_counts, finish and sample_and_advance."""
+    partial, step_reqs/step_allocs, mixed_counts, finish and sample_and_advance, and the overlap
+    mixin's overlap, decode_steps, _input_ids, commit_pending and launch_mixed."""
 
     def run_prefill(self) -> bool:
         """Continue partially prefilled requests, then admit waiting ones, within the token and memory
@@ -87,8 +94,7 @@ class PrefillMixin:
         return True
 
     def _riders(self) -> list[Req]:
-        """The running requests whose next token rides on this step's prefill (none when not mixing;
-        mixing turns overlap scheduling off, so every rider's last token is on the host)."""
+        """The running requests whose next token rides on this step's prefill (none when not mixing)."""
         n = len(self.running)
         if not self.mixed_chunk or n == 0 or 2 * n > self.chunk_budget:
             return []
@@ -104,12 +110,16 @@ class PrefillMixin:
             pass
 
     def forward_extend(self, batch: list[Entry], riders: list[Entry] = ()) -> None:
-        """One EXTEND forward over the prefill chunks and then the riders' decode tokens."""
+        """One EXTEND forward over the prefill chunks and then the riders' decode tokens; overlapped
+        (the module docstring) when the riders come with overlap scheduling."""
+        overlapped = self.overlap and bool(riders)
+        decoders = [r for r, _, _ in riders]
         entries = list(batch) + list(riders)
-        tokens, counts = [], []
-        for req, n, _ in entries:
-            tokens.append(req.fill_ids[req.kv_len : req.kv_len + n])
-            counts.append(n if req.wants_input_logprobs else 1)
+        rider_ids = self._input_ids(decoders) if decoders else []  # a pending step's: on the device
+        on_device = isinstance(rider_ids, torch.Tensor)
+        tokens = [req.fill_ids[req.kv_len : req.kv_len + n] for req, n, _ in batch]
+        tokens += [[0]] * len(decoders) if on_device else rider_ids  # placeholders, overwritten below
+        counts = [n if req.wants_input_logprobs else 1 for req, n, _ in batch] + [1] * len(decoders)
         fb = ForwardBatch.build(
             ForwardMode.EXTEND,
             tokens,
@@ -120,6 +130,8 @@ class PrefillMixin:
             self.runner.device,
             logits_counts=counts,
         )
+        if on_device:  # the riders' tokens are the batch's last ones: one device copy, no host sync
+            fb.input_ids[fb.input_ids.numel() - len(decoders) :] = rider_ids.view(-1)
         if self.kv.radix is not None:  # checkpoints inside prefill chunks only (a rider's one token has none)
             fb.sconv_snapshots = {i: self.kv.snapshot_plan(r, n) for i, (r, n, _) in enumerate(batch)}
             fb.sconv_checkpoints = self.kv.radix.ckpts
@@ -139,23 +151,6 @@ class PrefillMixin:
                      for i, (r, n, _) in enumerate(batch)],
                     self.kv.radix.ckpts if self.kv.radix is not None else None,
                 )  # fmt: skip
-        done, done_logits, offset = [], [], 0
-        for (req, n, _), k in zip(batch, counts):
-            rows = logits[offset : offset + k]
-            offset += k
-            if req.wants_input_logprobs:
-                self._collect_input_logprobs(req, rows, n)
-            req.kv_len += n
-            self.step_allocs.pop(req, None)
-            self.kv.after_extend(req)
-            if req.kv_len == len(req.fill_ids) and req.sampling_params.max_new_tokens == 0:
-                self.finish(req, {"type": "length", "length": 0})  # prompt logprobs only (e.g. select)
-            elif req.kv_len == len(req.fill_ids):
-                done.append(req)
-                done_logits.append(rows[-1])
-            else:
-                self.partial.append(req)
-        decoders = [r for r, _, _ in riders]
         for req in decoders:  # as a decode step: the token is in, the window slides, nothing is cached
             req.kv_len += 1
             self.step_allocs.pop(req, None)
@@ -163,20 +158,46 @@ class PrefillMixin:
         if decoders:
             self.mixed_counts["num_mixed_steps"] += 1
             self.mixed_counts["num_mixed_decode_tokens"] += len(decoders)
-        sampled = decoders + done
+        if overlapped:
+            self.decode_steps["overlap_mixed_steps"] += 1
+            self.commit_pending()  # step n's tokens, read while the device runs this step
+        done, rows, prompt_lps, offset = [], [], [], 0
+        for (req, n, _), k in zip(batch, counts):
+            if req.wants_input_logprobs:  # read after the sampling is queued: reading waits for the forward
+                prompt_lps.append((req, logits[offset : offset + k], n, req.kv_len))
+            offset += k
+            req.kv_len += n
+            self.step_allocs.pop(req, None)
+            self.kv.after_extend(req)
+            if req.kv_len == len(req.fill_ids) and req.sampling_params.max_new_tokens == 0:
+                self.finish(req, {"type": "length", "length": 0})  # prompt logprobs only (e.g. select)
+            elif req.kv_len == len(req.fill_ids):
+                done.append(req)
+                rows.append(offset - 1)
+            else:
+                self.partial.append(req)
+        # A rider that finished at the committed step consumed its token here but samples nothing.
+        live = [(offset + i, r) for i, r in enumerate(decoders) if not r.finished]
+        sampled = [r for _, r in live] + done
         if sampled:
-            self.sample_and_advance(sampled, torch.cat([logits[offset:], *(x[None] for x in done_logits)]))
+            logits = logits.index_select(0, to_device([i for i, _ in live] + rows, torch.int64, logits.device))
+        if overlapped:
+            self.launch_mixed(sampled, logits, done)
+        elif sampled:
+            self.sample_and_advance(sampled, logits)
             self.running = [r for r in self.running if not r.finished]
             self.running.extend(r for r in done if not r.finished)
             if self.spec is not None:
                 self.start_drafting([r for r in done if not r.finished])
+        for job in prompt_lps:
+            self._collect_input_logprobs(*job)
 
     def _save_conv_state(self, riders: list[Entry]) -> list[torch.Tensor] | None:
         """The riders' conv windows before the forward moves them (a few KB per request, one gather per
         layer stream), so that a failed mixed step can put them back."""
         if not riders:
             return None
-        rows = torch.tensor([r.row for r, _, _ in riders], device=self.runner.device)
+        rows = to_device([r.row for r, _, _ in riders], torch.int64, self.runner.device)  # no host sync
         return [rows] + [t[rows] for ts in self.runner.sconv_pool.states.values() for t in ts]
 
     def _unload_riders(self, riders: list[Entry], saved: list[torch.Tensor] | None) -> None:
@@ -194,18 +215,19 @@ class PrefillMixin:
         decoders = {id(r) for r, _, _ in riders}
         self.step_reqs = [r for r in self.step_reqs if id(r) not in decoders]
 
-    def _collect_input_logprobs(self, req: Req, rows: torch.Tensor, n: int) -> None:
-        """Logprob of each prompt token from logprob_start_len, from the logits one position earlier."""
+    def _collect_input_logprobs(self, req: Req, rows: torch.Tensor, n: int, at: int) -> None:
+        """Logprob of each prompt token from logprob_start_len, from the logits one position earlier
+        (rows: those of the chunk of n tokens that started at position `at`)."""
         acc = req.input_lp_partial
         prompt = req.origin_input_ids
         start = req.logprob_start_len
-        if req.kv_len <= start < req.kv_len + n and start == 0:
+        if at <= start < at + n and start == 0:
             acc.append((None, prompt[0]))
         lp = torch.log_softmax(rows.float(), dim=-1)
         for j in range(n):
-            pos = req.kv_len + j  # logits at pos predict token pos + 1
+            pos = at + j  # logits at pos predict token pos + 1
             nxt = pos + 1
             if start <= nxt < len(prompt):
                 acc.append((float(lp[j, prompt[nxt]]), prompt[nxt]))
-        if req.kv_len + n >= len(prompt):
+        if at + n >= len(prompt):
             req.input_logprobs = acc

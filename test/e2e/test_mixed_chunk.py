@@ -46,7 +46,7 @@ def server(tiny_path):
 
 def test_decode_proceeds_while_a_long_prompt_prefills(server):
     st0 = server.internal_state()
-    assert st0["enable_mixed_chunk"] is True and st0["overlap_schedule"] is False  # mixing runs decode in sync
+    assert st0["enable_mixed_chunk"] is True and st0["overlap_schedule"] is True  # mixed steps overlap too
     arrivals: list[float] = []
     counts: list[int] = []
     decoder = threading.Thread(target=stream_arrivals, args=(server, random_prompt(8, seed=1), 400, arrivals, counts))

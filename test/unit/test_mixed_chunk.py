@@ -149,7 +149,9 @@ def test_running_requests_decode_while_a_long_prompt_prefills(pair):
         s.outbox.clear()
         assert idle(s)
     steps, grew = gained[True]
-    assert steps >= 6 and grew == steps  # a gained a token in every step of b's multi-chunk prefill
+    # Overlapped, each step commits the token a's previous step queued: a gains a token in every
+    # step of b's multi-chunk prefill but the first, and in the step that reads b's first token.
+    assert steps >= 6 and grew == steps - 1
     assert gained[False][1] == 0  # without mixing, a waits for all of b's chunks
 
 
@@ -217,7 +219,8 @@ def test_mixed_chunk_flag():
 
 def test_a_failed_mixed_step_fails_its_prefill_only(pair, monkeypatch):
     """The forward runs (conv state and KV move) and then raises: the prompt it carried fails, the
-    rider gets its state back and its output equals the run without the failure."""
+    rider gets its state back and its output equals the run without the failure (the rider's token
+    pending when the step failed is neither lost nor committed twice)."""
     from sgl_inkling.model_executor.step_faults import ModelStepError
 
     outs = []
@@ -226,6 +229,8 @@ def test_a_failed_mixed_step_fails_its_prefill_only(pair, monkeypatch):
         submit(s, "a", random_prompt(30, seed=70), max_new_tokens=12)
         s.step()
         (a,) = s.running
+        s.step()  # a decode step: a's token is still pending (on the device) when the mixed step runs
+        assert s.pending is not None and s.pending.reqs == [a]
         submit(s, "b", random_prompt(40, seed=71), max_new_tokens=4)
         real, seqs = s.runner.forward, []
 
@@ -242,9 +247,10 @@ def test_a_failed_mixed_step_fails_its_prefill_only(pair, monkeypatch):
         except ModelStepError as e:
             s.fail_step(e)
         monkeypatch.setattr(s.runner, "forward", real)
-        b = next(r for r in s.outbox if r.rid == "b")
+        b = next(r for r in [*s.outbox, *s.running] if r.rid == "b")  # overlapped: b's first token is pending
         assert (b.finished_reason or {}).get("fault") == ("model_step" if fail else None)
         assert seqs == [2] and s.running[0] is a  # b's chunk and a's decode token in one forward
+        assert (s.pending is not None) and (s.pending.reqs == [a]) == fail  # the failure kept a's pending token
         while not a.finished:
             s.step()
         s.abort("", abort_all=True)
