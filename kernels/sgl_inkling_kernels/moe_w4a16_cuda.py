@@ -70,7 +70,8 @@ class CudaTiles:
     fused: int = 0
     # H200 at e5dd617, fused MoE (routed) us at batch 1 / 8 / 64: chunk ring 147.7 (99.5) / 600.2 (536.5) /
     # 2567 (2476); row ring of 4 stages 145.4 (90.4) / 555.0 (485.4) / 2416 (2307); 3 and 5 stages slower.
-    row_ring: int = 4
+    # Off until its odd-chunk form (half last stage, 8-byte scale copies: after that run) passes on the GPU.
+    row_ring: int = 0
 
     def __post_init__(self):
         if self.x_prefetch and self.cp_async:

@@ -192,11 +192,11 @@ CUDA_CASES = [
     ((9, 1, 4, 1024, 512, 40), CudaTiles(nt=2, fused=1, cp_async=3)),
     ((12, 0, 3, 1024, 512, 3), CudaTiles(nt=1, fused=1, cp_async=3)),
     ((33, 2, 6, 512, 256, 5), CudaTiles(nt=1, fused=1)),
-    # the row ring (copies of whole 128-byte row spans; the default build) beside the chunk ring it
-    # replaced: batch 1 and 64 at full width, the sinks in the kernel, 2 / 4 / 8 column tiles (the ring
-    # clamped to the shared memory), odd chunk counts (H 640, I 384 as under TP 8: a half last stage)
-    ((8, 2, 6, 6144, 3072, 1), CudaTiles(nt=1, row_ring=0)),
-    ((8, 2, 6, 6144, 3072, 64), CudaTiles(nt=1, row_ring=0)),
+    # the row ring (copies of whole 128-byte row spans): batch 1 and 64 at full width, the sinks in the
+    # kernel, 2 / 4 / 8 column tiles (the ring clamped to the shared memory), odd chunk counts (H 640,
+    # I 384 as under TP 8: a half last stage)
+    ((8, 2, 6, 6144, 3072, 1), CudaTiles(nt=1, row_ring=4)),
+    ((8, 2, 6, 6144, 3072, 64), CudaTiles(nt=1, row_ring=4)),
     ((8, 2, 6, 6144, 384, 1), CudaTiles(nt=1, row_ring=4)),
     ((33, 2, 6, 512, 256, 5), CudaTiles(nt=1, row_ring=3, sink_stream=0, split_sinks=0)),
     ((9, 1, 4, 256, 512, 40), CudaTiles(nt=2, row_ring=5)),

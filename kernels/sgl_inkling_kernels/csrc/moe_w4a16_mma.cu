@@ -6,7 +6,7 @@
 // ~4.4 that 4.3 TB/s allows; here the weights are decoded straight into mma.sync A fragments
 // (bf16, block scale folded in by one packed multiply) and the tensor core does the products:
 // about 2.7 instructions per weight (counted from the PTX), with later K chunks' loads in flight
-// while one computes (a register ring, a cp.async shared-memory ring of chunks, or by default one of
+// while one computes (a register ring, by default a cp.async shared-memory ring of chunks, or one of
 // whole 128-byte row spans, which halves the L2 requests; Nsight Compute at batch 1 finds the chunk
 // ring bound by memory latency, not by issue: results/ncu_moe_w4a16_bs1.txt).
 //
