@@ -80,4 +80,5 @@ def log_compiles_after_warmup() -> None:
 def _warn(desc: str) -> None:
     if _warming:
         return
-    logger.warning("Triton compiled a kernel after warm-up (a request waits for it): %s", desc[:300])
+    # The whole description: the argument specialisations at its end say which variant warm-up missed.
+    logger.warning("Triton compiled a kernel after warm-up (a request waits for it): %s", " ".join(desc.split()))

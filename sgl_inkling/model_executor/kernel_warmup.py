@@ -15,7 +15,9 @@ eager decode steps at batch 1 and at the largest batch (graph capture covers its
 test/kernels/test_no_new_kernel_keys.py checks on the CPU that a mixed workload needs nothing more.
 
 Batches use the padding request row and KV slot 0, as padded CUDA-graph rows do: no request's
-state is touched.
+state is touched. An extend longer than the context allows (a short --context-length: the CUDA
+threshold alone is 64 pairs per expert, about 2.7K tokens at Inkling's 256 experts and top-6) runs as
+several sequences on that row in one batch, since the MoE's path follows the batch's token count.
 """
 
 from __future__ import annotations
@@ -29,15 +31,21 @@ from sgl_inkling_kernels.fused_moe_nvfp4 import CUDA_MAX_PAIRS_PER_EXPERT
 from sgl_inkling_kernels.jit_watch import log_compiles_after_warmup, warming_up
 
 
-def extend_lengths(model, max_context_len: int, device: torch.device = torch.device("cpu")) -> list[int]:
-    """Token counts, one per kernel path an extend can take, each below the context limit."""
+def extend_lengths(model, device: torch.device = torch.device("cpu")) -> list[int]:
+    """Token counts of an extend batch, one per kernel path it can take."""
     moe = [m for m in model.modules() if isinstance(m, MoE)]
     big = max((-(-4 * m.experts.num_local // m.gate.top_k) + 1 for m in moe), default=1)
     want = {1, SHORT_EXTEND, SHORT_EXTEND + 1, FUSED_ROUTER_MAX_TOKENS + 1, big}
     if device.type == "cuda":  # past the CUDA decode kernels of NVFP4 experts: the Triton MMA ones
         want |= {-(-CUDA_MAX_PAIRS_PER_EXPERT * m.experts.num_local // m.gate.top_k) + 1 for m in moe
                  if m.experts.nvfp4}  # fmt: skip
-    return sorted(min(n, max_context_len - 2) for n in want)
+    return sorted(want)
+
+
+def split_extend(n: int, max_context_len: int) -> list[int]:
+    """n tokens as sequences that each fit on a 1-token cached prefix below the context limit."""
+    cap = max(max_context_len - 2, 1)
+    return [min(cap, n - a) for a in range(0, n, cap)]
 
 
 def warm_up_kernels(runner, max_running_requests: int) -> None:
@@ -45,10 +53,12 @@ def warm_up_kernels(runner, max_running_requests: int) -> None:
     pad, dev = runner.req_to_token.pad_row, runner.device
     ctx = runner.req_to_token.max_context_len
     with torch.no_grad(), warming_up():
-        for n in extend_lengths(runner.model, ctx, dev):
+        for n in extend_lengths(runner.model, dev):
             # Resuming from a 1-token prefix (conv state and KV read); a fresh sequence launches the
             # same variants (prefix lengths reach the kernels in tensors), so it needs no run of its own.
-            batch = ForwardBatch.build(ForwardMode.EXTEND, [[0] * n], [pad], [1], [0] * n, [0] * n, dev)
+            seqs = split_extend(n, ctx)
+            batch = ForwardBatch.build(ForwardMode.EXTEND, [[0] * m for m in seqs], [pad] * len(seqs),
+                                       [1] * len(seqs), [0] * n, [0] * n, dev)  # fmt: skip
             runner.forward_eager(batch)
         for bs in sorted({1, max_running_requests}):
             batch = ForwardBatch.build(ForwardMode.DECODE, [[0]] * bs, [pad] * bs, [1] * bs, [0] * bs, [0] * bs, dev)

@@ -14,6 +14,8 @@ if not torch.cuda.is_available():
 pytest.importorskip("triton")
 
 from sgl_inkling.layers.attention.triton_backend import SHORT_EXTEND  # noqa: E402
+from sgl_inkling.model_executor import kernel_warmup  # noqa: E402
+from sgl_inkling.model_executor.forward_batch import ForwardMode  # noqa: E402
 from sgl_inkling.model_executor.kernel_warmup import extend_lengths, warm_up_kernels  # noqa: E402
 from sgl_inkling.model_executor.model_runner import ModelRunner  # noqa: E402
 from sgl_inkling.models.inkling.moe import FUSED_ROUTER_MAX_TOKENS  # noqa: E402
@@ -22,9 +24,23 @@ from sgl_inkling.models.inkling.moe import FUSED_ROUTER_MAX_TOKENS  # noqa: E402
 def test_extend_lengths_cover_each_path(tiny_model):
     moe = tiny_model.model.llm.layers[2].mlp
     big = -(-4 * moe.experts.num_local // moe.gate.top_k) + 1  # first length with the MoE's large blocks
-    lengths = extend_lengths(tiny_model, 4096)
+    lengths = extend_lengths(tiny_model)
     assert {1, SHORT_EXTEND, SHORT_EXTEND + 1, FUSED_ROUTER_MAX_TOKENS + 1, big} <= set(lengths)
-    assert max(extend_lengths(tiny_model, 30)) == 28  # capped below the context
+
+
+def test_a_short_context_still_runs_every_token_count(tiny_model, monkeypatch):
+    # The MoE's path follows the batch's token count, so an extend longer than the context (e.g. the
+    # 2.7K tokens past the CUDA NVFP4 kernels with --context-length 2048) must still run, as several
+    # sequences on the padding row in one batch, none past the context.
+    runner = ModelRunner(tiny_model, 2, 30, 64, attention_backend="torch_native")
+    seen = []
+    monkeypatch.setattr(runner, "forward_eager", lambda fb: seen.append((fb.mode, fb.extend_lens_cpu)))
+    warm_up_kernels(runner, 2)
+    extends = [lens for mode, lens in seen if mode is ForwardMode.EXTEND]
+    assert sorted(sum(lens) for lens in extends) == extend_lengths(tiny_model)  # each total in one batch
+    assert max(n for lens in extends for n in lens) <= 28  # 1 cached + the sequence + 1 below 30
+    assert any(len(lens) > 1 for lens in extends)  # FUSED_ROUTER_MAX_TOKENS + 1 = 65 > 28 was split
+    assert kernel_warmup.split_extend(65, 30) == [28, 28, 9]
 
 
 def test_warmup_touches_only_the_padding_row(tiny_model):
