@@ -43,14 +43,14 @@ def tok():
 def drive(s: Scheduler, schedule: dict[int, list], abort_at: dict[int, list[str]] | None = None):
     """Submit schedule[i] (submit() kwargs) before step i, then abort abort_at[i] (each must have a
     token in flight when mixed and overlapped); run until idle. Returns the recorder and, per mixed
-    step, the riders that finished in it (their last token committed while it ran)."""
-    rec, i, finished_riders = Recorder(s), 0, []
+    step, its riders and those that finished in it (their last token committed while it ran)."""
+    rec, i, mixed_steps = Recorder(s), 0, []
     real = s.forward_extend
 
     def forward_extend(batch, riders=()):
         real(batch, riders)
         if riders:
-            finished_riders.append({r.rid for r, _, _ in riders if r.finished})
+            mixed_steps.append(({r.rid for r, _, _ in riders}, {r.rid for r, _, _ in riders if r.finished}))
 
     s.forward_extend = forward_extend
     try:
@@ -70,14 +70,14 @@ def drive(s: Scheduler, schedule: dict[int, list], abort_at: dict[int, list[str]
         del s.forward_extend
     assert s.pending is None
     assert_idle_baseline(s)  # and flushes the prefix cache: the next run starts cold
-    return rec, finished_riders
+    return rec, mixed_steps
 
 
 def run_both(pair, schedule, abort_at=None):
     """The schedule on both schedulers; outputs agree; the mixed run overlapped mixed steps."""
     mixov, ref = pair
     before = dict(mixov.decode_steps), dict(mixov.mixed_counts)
-    got, riders = drive(mixov, schedule, abort_at)
+    got, mixed_steps = drive(mixov, schedule, abort_at)
     want, _ = drive(ref, schedule, abort_at)
     aborted = {rid for rids in (abort_at or {}).values() for rid in rids}
     for rid in aborted:  # overlapped, the token in flight at the abort is discarded
@@ -101,7 +101,7 @@ def run_both(pair, schedule, abort_at=None):
     overlapped = mixov.decode_steps["overlap_mixed_steps"] - before[0]["overlap_mixed_steps"]
     assert mixed > 0 and overlapped == mixed  # every mixed step ran overlapped: no silent fallback
     assert mixov.decode_steps["overlap_decode_steps"] > before[0]["overlap_decode_steps"]
-    return got, riders
+    return got, mixed_steps
 
 
 def test_mixed_overlapped_outputs_equal_the_synchronous_plain_path(pair, tok):
@@ -113,8 +113,9 @@ def test_mixed_overlapped_outputs_equal_the_synchronous_plain_path(pair, tok):
     grammar = native_grammar(tok, SamplingParams(json_schema=schema), prompt)
     schedule.setdefault(4, []).append(dict(rid="json", ids=prompt, grammar=grammar, max_new_tokens=40, ignore_eos=False,
                             logprobs={"return_logprob": True}))  # fmt: skip
-    got, _ = run_both(pair, schedule)
+    got, mixed_steps = run_both(pair, schedule)
     assert set(got.tokens) == {"short", "base", "long", "seeded", "regex", "hit", "again", "json"}
+    assert {"json", "seeded", "long"} <= set().union(*(r for r, _ in mixed_steps))  # they rode along
     assert len(got.inputs["long"]) == 330 and len(got.tops["long"]) == 12
     if got.reasons["json"]["type"] == "stop":
         assert json.loads(tok.decode(got.tokens["json"], skip_special_tokens=True))["ok"] in (True, False)
@@ -141,13 +142,13 @@ def test_finishes_just_before_a_mixed_step(pair, tok):
                     dict(rid="bg", ids=prompts["bg"], max_new_tokens=14)]}  # fmt: skip
     for at in {5, tok_at, str_at}:
         schedule.setdefault(at, []).append(dict(rid=f"late{at}", ids=random_prompt(20, seed=90 + at), max_new_tokens=3))
-    got, finished_riders = run_both(pair, schedule)
+    got, mixed_steps = run_both(pair, schedule)
     assert got.tokens["len"] == g["len"][:5]
     assert got.tokens["tok"] == g["tok"][:tok_at] and got.reasons["tok"]["matched"] == stop_tok
     assert got.tokens["str"] == g["str"][:str_at] and got.reasons["str"]["matched"] == text
     assert got.tokens["bg"][:10] == g["bg"] and len(got.tokens["bg"]) == 14
-    rode = set().union(*finished_riders)
-    assert {"len", "tok", "str"} <= rode  # each finished while riding in a mixed step
+    finished_riding = set().union(*(f for _, f in mixed_steps))
+    assert {"len", "tok", "str"} <= finished_riding  # each finished while riding in a mixed step
 
 
 def test_aborts_while_tokens_are_in_flight(pair):
