@@ -39,6 +39,9 @@ class ForwardBatch:
     # Host copies for the reference backend's per-sequence loops (never read on the GPU fast path).
     prefix_lens_cpu: list[int] = field(default_factory=list)
     extend_lens_cpu: list[int] = field(default_factory=list)
+    # The rows on the host, where the batch was built from host lists (empty for the graphs' static
+    # batches): per-sequence loops read them instead of waiting for the device (.tolist()).
+    req_pool_indices_cpu: list[int] = field(default_factory=list)
     input_embeds: torch.Tensor | None = None  # [T, H] replaces the token embedding when set (multimodal)
     # Attached by the model runner: where attention and short-conv layers find their state.
     attn_backend: Any = None
@@ -57,6 +60,10 @@ class ForwardBatch:
     @property
     def batch_size(self) -> int:
         return len(self.extend_lens_cpu)
+
+    def rows_cpu(self) -> list[int]:
+        """The sequences' request rows on the host (a device read only for batches built on it)."""
+        return self.req_pool_indices_cpu or self.req_pool_indices.tolist()
 
     @property
     def seq_lens_cpu(self) -> list[int]:
@@ -125,4 +132,5 @@ class ForwardBatch:
             logits_indices=logits_t,
             prefix_lens_cpu=list(prefix_lens),
             extend_lens_cpu=extend_lens,
+            req_pool_indices_cpu=list(req_pool_indices),
         )

@@ -63,7 +63,7 @@ class TorchNativeBackend(AttentionBackend):
         out = torch.empty(q.shape[0], spec.num_heads * spec.head_dim, dtype=q.dtype, device=q.device)
         offset = 0
         for row, prefix, n in zip(
-            batch.req_pool_indices.tolist(), batch.prefix_lens_cpu, batch.extend_lens_cpu
+            batch.rows_cpu(), batch.prefix_lens_cpu, batch.extend_lens_cpu
         ):
             seq_len = prefix + n
             # Sliding layers keep (and need) only the keys inside the first query's window.

@@ -59,7 +59,7 @@ def _extend(x: torch.Tensor, w: torch.Tensor, state: torch.Tensor, batch: Forwar
     # One token on a cached prefix is a decode (mixed chunked prefill carries one per running request):
     # those go through _decode together, whose arithmetic is _conv's for n = 1, bit for bit.
     singles: list[tuple[int, int]] = []
-    for row, prefix, n in zip(batch.req_pool_indices.tolist(), batch.prefix_lens_cpu, batch.extend_lens_cpu):
+    for row, prefix, n in zip(batch.rows_cpu(), batch.prefix_lens_cpu, batch.extend_lens_cpu):
         if n == 1 and prefix > 0:
             singles.append((offset, row))
         else:
@@ -82,7 +82,7 @@ def _snapshot(x: torch.Tensor, state: torch.Tensor, batch: ForwardBatch, layer: 
     starts = [0]
     for n in batch.extend_lens_cpu:
         starts.append(starts[-1] + n)
-    rows = batch.req_pool_indices.tolist()
+    rows = batch.rows_cpu()
     for i, snaps in batch.sconv_snapshots.items():
         if not snaps:
             continue
@@ -108,7 +108,7 @@ def _capture(x: torch.Tensor, state: torch.Tensor, batch: ForwardBatch, out: tor
         out[rows, :width] = torch.where(live, state[rows], torch.zeros((), dtype=out.dtype, device=out.device))
         out[rows, width : width + n] = x.view(rows.shape[0], n, -1).to(out.dtype)
         return
-    rows = batch.req_pool_indices.tolist()
+    rows = batch.rows_cpu()
     offset = 0
     for row, prefix, n in zip(rows, batch.prefix_lens_cpu, batch.extend_lens_cpu):
         if prefix > 0:
