@@ -467,6 +467,10 @@ def main(argv: list[str] | None = None) -> dict:
                    "that the first d drafts are all accepted, d = 1..K (default: the public MTP8 curve)")
     p.add_argument("--mtp-adaptive-warmup", type=int, default=100,
                    help="untimed steps in which the adaptive run learns the acceptance curve")
+    p.add_argument("--mtp-adaptive-steps", type=int, default=64,
+                   help="timed steps of the adaptive runs (enough that exploration shows at its share)")
+    p.add_argument("--mtp-learn-steps", type=int, default=1000,
+                   help="host-only steps in which the run from a flat prior learns the forced curve first")
     p.add_argument("--mtp-adaptive-only", action="store_true",
                    help="with --mtp: only the fixed k = 1..K and adaptive runs (skip the forced-length timings)")
     p.add_argument("--mtp-forced-only", action="store_true",

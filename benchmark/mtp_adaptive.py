@@ -12,8 +12,14 @@ their catch-up (every K + 1 plain steps, and drafting when a later step picks k 
 that step's draft part. Two adaptive runs pick k from step costs measured as MTPWorker measures
 them at start-up, with the trunk's part scaled to 66 layers like the table's figure: "adaptive"
 starts, as serving does, from the public curve as its prior and learns from its own steps (untimed
-warm-up); "learned" starts from flat estimates (0.5 per depth) and has three times the warm-up, to
-show the chooser finds the curve by itself. Timed regions start behind a GPU busy-wait that covers
+warm-up); "learned" starts from flat estimates (0.5 per depth) and first learns for
+--mtp-learn-steps steps on the host alone (the acceptance is forced, so the chooser sees what the
+GPU steps would show it; batch 1 needs a few hundred steps to leave plain decode), to show the
+chooser finds the curve by itself. Both time --mtp-adaptive-steps steps, enough for exploration to
+show at about its real share. Beside the timed figures, "long run": the chooser alone on the host
+for LONG_RUN steps from each prior, drawing the forced curve, each step charged the fixed-k run's
+step time at 66 layers (the speed of its choices over a long run, free of the timed steps' few
+samples). Timed regions start behind a GPU busy-wait that covers
 the host's staging of the step (Clock.start), so a host gap is not scaled to 66 layers as if it
 were trunk work. The 66-layer figure scales the verify's trunk part by 22 (3 slice layers -> 66; the
 LM head is counted once, at its bandwidth floor) and keeps the draft step as measured (the 8 MTP
@@ -22,6 +28,7 @@ depths are full size in the slice): an approximation, labelled as such.
 
 from __future__ import annotations
 
+import random
 import statistics
 from collections import Counter
 
@@ -31,9 +38,13 @@ from sgl_inkling.model_executor.forward_batch import ForwardMode
 from sgl_inkling.model_executor.model_runner import ModelRunner
 from sgl_inkling.models.inkling.slice_config import NUM_FULL_MODEL_LAYERS
 from sgl_inkling.speculative.acceptance import greedy_accept
-from sgl_inkling.speculative.adaptive import AcceptanceTracker, conditional_rates, expected_tokens
+from sgl_inkling.speculative.adaptive import AcceptanceTracker, StepCosts, conditional_rates, expected_tokens
+from sgl_inkling.speculative.draft_control import DraftControl
 from sgl_inkling.speculative.mtp_worker import MTPWorker
 from sgl_inkling.speculative.step_costs import measure_step_costs
+
+LONG_RUN = 4000  # host-only steps of the long-run figure
+FLAT_PRIOR = [0.5]
 
 
 def run_adaptive(model, cfg, bsz: int, args, gen, h) -> dict:
@@ -43,8 +54,8 @@ def run_adaptive(model, cfg, bsz: int, args, gen, h) -> dict:
     clock = h.Clock(model.model.llm.embed.weight.device)
     # k = 0 is plain decode timed the same way, the base of the speed-ups (and a fixed k like the rest).
     modes: list[int | str] = [*range(0, k_max + 1), "adaptive", "learned"]
-    timed = args.warmup_steps + args.decode_steps
-    learn = {"adaptive": args.mtp_adaptive_warmup, "learned": 3 * args.mtp_adaptive_warmup}
+    learn = {"adaptive": args.mtp_adaptive_warmup, "learned": args.mtp_adaptive_warmup}  # GPU warm-up steps
+    timed = args.warmup_steps + max(args.decode_steps, args.mtp_adaptive_steps)
     # Every mode starts from the prompt (Seqs.rewind): a step takes at most 2K + 2 slots per sequence.
     ctx = args.input_len + (timed + max(learn.values())) * (2 * k_max + 2) + 16
     runner = ModelRunner(model, bsz, ctx, bsz * ctx, attention_backend=args.attention_backend,
@@ -70,13 +81,16 @@ def run_adaptive(model, cfg, bsz: int, args, gen, h) -> dict:
         seqs.rewind(prompt)  # the same context length for every mode
         adaptive = mode in learn
         worker.configure(adaptive=adaptive, costs=worker.costs)
-        worker.tracker = AcceptanceTracker(k_max, prior=[0.5] if mode == "learned" else None)
+        worker.tracker = AcceptanceTracker(k_max, prior=FLAT_PRIOR if mode == "learned" else None)
         worker.forced_curve = curve
+        if mode == "learned":
+            _learn_on_host(worker, bsz, args.mtp_learn_steps)
         k = worker.choose(bsz) if adaptive else mode
         warm = args.warmup_steps + learn.get(mode, 0)
+        steps = args.mtp_adaptive_steps if adaptive else args.decode_steps
         verify_ms, draft_ms, tokens, ks = [], [], [], []
         lag = [0]  # plain steps the depths are behind (the same for every sequence of the batch)
-        for step in range(warm + args.decode_steps):
+        for step in range(warm + steps):
             if k == 0:
                 k_next, times, emitted = _plain_step(worker, runner, seqs, clock, rand, lag, adaptive, bsz)
             else:
@@ -114,6 +128,8 @@ def run_adaptive(model, cfg, bsz: int, args, gen, h) -> dict:
 
     best = max((r for r in out if r["k"] not in learn), key=tps)
     by_mode = {r["k"]: r for r in out}
+    fixed66 = [by_mode[k]["extrapolated_66_layers"]["step_ms"] for k in range(k_max + 1)]
+    long_runs = {m: long_run(worker.costs, bsz, curve, fixed66, prior) for m, prior in (("adaptive", None), ("learned", FLAT_PRIOR))}
     return {
         "batch_size": bsz,
         "num_steps": k_max,
@@ -127,8 +143,51 @@ def run_adaptive(model, cfg, bsz: int, args, gen, h) -> dict:
         "adaptive_vs_best_fixed": tps(by_mode["adaptive"]) / tps(best),
         "learned_vs_best_fixed": tps(by_mode["learned"]) / tps(best),
         "adaptive_from_choices_vs_best_fixed": from_choices(out, "adaptive", curve) / tps(best),  # k = 0 ran
+        "learned_host_steps": args.mtp_learn_steps,
         "learned_warmup_steps": learn["learned"],
+        # The chooser alone for LONG_RUN steps, each at the fixed-k step time at 66 layers (long_run).
+        "adaptive_long_run_vs_best_fixed": long_runs["adaptive"]["tok_per_s_per_user_66"] / tps(best),
+        "learned_long_run_vs_best_fixed": long_runs["learned"]["tok_per_s_per_user_66"] / tps(best),
+        "long_runs": long_runs,
         "learned_acceptance_estimates": [round(x, 3) for x in worker.tracker.estimates()],
+    }
+
+
+def _learn_on_host(worker: MTPWorker, bsz: int, steps: int) -> None:
+    """The chooser's side of `steps` serving steps without the GPU: it picks k, the forced curve
+    says what each request accepts (as greedy_accept caps it), the chooser observes that."""
+    for _ in range(steps):
+        k = worker.choose(bsz)
+        if k:
+            worker.observe([min(a, k) for a in worker.forced_counts(bsz)], [k] * bsz)
+
+
+def long_run(costs: StepCosts, bsz: int, curve: list[float], step_ms: list[float], prior: list[float] | None,
+             steps: int = LONG_RUN, seed: int = 0) -> dict:  # fmt: skip
+    """A fresh chooser (as MTPWorker's, with the measured costs and the given prior) for `steps`
+    steps on the host under the forced curve; each step is charged step_ms[k] (the fixed-k runs'
+    66-layer step times) and counted its expected tokens under the curve. Also: the first step
+    whose k is within 3% of the best fixed k, and the k it used."""
+    c = DraftControl()
+    c.num_steps = len(step_ms) - 1
+    c._init_draft_control(c.num_steps, adaptive=True)
+    c.costs, c.tracker = costs, AcceptanceTracker(c.num_steps, prior=prior)
+    c.forced_curve, c._forced_rng = list(curve), random.Random(seed)
+    rates = conditional_rates(curve)
+    speeds = [expected_tokens(rates, k) / t for k, t in enumerate(step_ms)]
+    ks = []
+    for _ in range(steps):
+        k = c.choose(bsz)
+        if k:
+            c.observe([min(a, k) for a in c.forced_counts(bsz)], [k] * bsz)
+        ks.append(k)
+    tokens = sum(expected_tokens(rates, k) for k in ks)
+    return {
+        "steps": steps,
+        "tok_per_s_per_user_66": tokens * 1e3 / sum(step_ms[k] for k in ks),
+        "first_step_within_3pct_of_best": next((i for i, k in enumerate(ks) if speeds[k] >= 0.97 * max(speeds)), None),
+        "k_used": dict(sorted(Counter(ks).items())),
+        "exploration_spent_over_earned": c.explorer.spent / c.explorer.earned if c.explorer.earned else None,
     }
 
 
@@ -243,5 +302,8 @@ def print_adaptive_table(results: list[dict], runs: list[dict]) -> None:
             ratio = tps66 / base if base else float("nan")
             print(f"{m['batch_size']:>3} {str(r['k']):>8} {r['tokens_per_step']:>8.2f} {r['verify_ms']:>9.3f} "
                   f"{r['draft_ms']:>8.3f} {r['tok_per_s_per_user']:>10.1f} {tps66:>8.1f} {ratio:>7.2f}")  # fmt: skip
-        print(f"    adaptive / best fixed (k={m['best_fixed_k']}): {m['adaptive_vs_best_fixed']:.3f}; learned from "
-              f"a flat prior: {m['learned_vs_best_fixed']:.3f}")  # fmt: skip
+        print(f"    adaptive / best fixed (k={m['best_fixed_k']}): {m['adaptive_vs_best_fixed']:.3f} timed, "
+              f"{m['adaptive_from_choices_vs_best_fixed']:.3f} its choices, {m['adaptive_long_run_vs_best_fixed']:.3f} "
+              f"long run; learned from a flat prior: {m['learned_vs_best_fixed']:.3f} timed, "
+              f"{m['learned_long_run_vs_best_fixed']:.3f} long run (first within 3% of the best k at step "
+              f"{m['long_runs']['learned']['first_step_within_3pct_of_best']})")  # fmt: skip

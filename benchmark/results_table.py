@@ -153,16 +153,19 @@ def adaptive_table(d: dict) -> str:
         rows.append([
             str(m["batch_size"]), str(m["best_fixed_k"]), f(tps(best), ".1f"), used, f(ad["tokens_per_step"], ".2f"),
             f(tps(ad), ".1f"), f(m["adaptive_vs_best_fixed"], ".3f"), f(chosen_ratio, ".3f"),
-            f(m.get("learned_vs_best_fixed"), ".3f"), f(base_tps, ".1f"),
+            f(m.get("adaptive_long_run_vs_best_fixed"), ".3f"), f(m.get("learned_vs_best_fixed"), ".3f"),
+            f(m.get("learned_long_run_vs_best_fixed"), ".3f"), f(base_tps, ".1f"),
             f((chosen or tps(ad)) / base_tps, ".2f") + "x" if base_tps else "-",
         ])  # fmt: skip
     header = ["batch", "best fixed k", "its tok/s/user @66", "adaptive k used (steps)", "adaptive tok/step",
-              "adaptive tok/s/user @66 (timed)", "timed / best", "its choices / best", "learned from flat prior / best",
+              "adaptive tok/s/user @66 (timed)", "timed / best", "its choices / best", "long run / best",
+              "learned from flat prior / best", "learned, long run / best",
               "plain tok/s/user @66", "adaptive speed-up (its choices)"]  # fmt: skip
     curve = ", ".join(f"{x:g}" for x in d["mtp_adaptive"][0]["benchmark_only_forced_acceptance_curve"])
     return (f"Adaptive MTP, {d['config']}: drafts accepted at the forced per-depth curve {curve} (a "
             f"benchmark-only switch), every fixed k = 0..8 against the chooser; \"its choices\": the k it chose "
-            f"in its timed steps, each at the fixed-k run's step time (source: {source(d)}):\n\n"
+            f"in its timed steps, each at the fixed-k run's step time; \"long run\": the chooser alone on the host "
+            f"for thousands of steps, charged the same times (source: {source(d)}):\n\n"
             + table(header, rows))
 
 

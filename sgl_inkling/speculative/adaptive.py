@@ -8,8 +8,8 @@ decode step (the decode graph; the depths lag and catch up later, lagging.py).
 
 The rates are running estimates (exponentially weighted per batch) from the verify decisions; the
 costs are a table per batch bucket measured at start-up (step_costs.py). A depth that is never
-drafted gets no new evidence, so now and then a step drafts one depth more than chosen: at most
-every EXPLORE_EVERY-th step and within EXPLORE_SHARE of the time (draft_control.py).
+drafted gets no new evidence, so now and then a step drafts deeper than chosen, within a budget of
+expected tokens (exploration.py).
 """
 
 from __future__ import annotations
@@ -18,8 +18,6 @@ import bisect
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-EXPLORE_EVERY = 16
-EXPLORE_SHARE = 0.03  # most of the serving time that exploring may cost
 # Public Inkling MTP8 acceptance (vLLM, GSM8K), a_d per depth: the prior before any evidence and the
 # benchmark's default forced curve.
 PUBLIC_MTP8_CURVE = (0.757, 0.601, 0.498, 0.411, 0.354, 0.298, 0.261, 0.223)
@@ -58,9 +56,12 @@ class AcceptanceTracker:
     """Per-depth acceptance: running estimates for the chooser and all-time counts for the stats.
 
     Each depth's rate is a weighted mean of its prior (worth PRIOR_OBS observations) and its
-    verify decisions, the weight of old decisions capped at 1 / alpha observations so it follows
-    the workload (an exponentially weighted mean once that many were seen). Early evidence thus
-    counts more: a batch-1 step moves a rate a fifth of the way, where a fixed alpha = 0.05 took 4.
+    verify decisions. The weight of what it has seen fades by 1 - alpha every serving step (tick),
+    so the rate follows the workload over the last ~1 / alpha steps (a batch of 8 judges 8 first
+    drafts a step, and its rates are that much steadier), or the last MAX_OBS observations where
+    those are fewer (a batch of 64 notices a change within a few steps). The weight never falls
+    below a prior's: a rate that has not been drafted for long keeps its value, but the next
+    evidence moves it a fifth of the way at least, as a batch-1 step moves a fresh rate.
     For choosing, the prior's remaining share of a depth that has seen little evidence is
     optimistic: it is at least the rate of the depth before it. Conditional acceptance does not
     fall with depth in the public curve, and a deep depth that is never drafted gets no evidence;
@@ -68,13 +69,17 @@ class AcceptanceTracker:
     first steps that draft it."""
 
     PRIOR_OBS = 4.0  # 1 made early estimates so noisy that a batch could settle on plain decode
+    MAX_OBS = 400.0  # pins a rate within about +-0.02; more would only slow it down
 
-    def __init__(self, depths: int, alpha: float = 0.05, prior: Sequence[float] | None = None):
+    # alpha: 0.05 (20 steps) made batch-1 estimates so noisy that steps fell back to plain decode
+    # (0.97-0.98 of the best fixed k in simulation); 0.01 took 200 steps to notice useless drafts.
+    def __init__(self, depths: int, alpha: float = 0.02, prior: Sequence[float] | None = None):
         self.alpha = alpha
         prior = conditional_rates(PUBLIC_MTP8_CURVE) if prior is None else list(prior)
         self.prior = [prior[min(d, len(prior) - 1)] for d in range(depths)]
         self.rates = list(self.prior)
         self.prior_share = [1.0] * depths  # the prior's weight in each rate
+        self.weight = [self.PRIOR_OBS] * depths  # the observations each rate is worth
         self.reached = [0] * depths  # drafts at depth d that were judged (the ones before accepted)
         self.accepted = [0] * depths
 
@@ -88,12 +93,21 @@ class AcceptanceTracker:
                     hits += a > d
             if not seen:
                 continue
-            memory = min(self.reached[d] + self.PRIOR_OBS, 1.0 / self.alpha)  # observations the rate is worth
-            keep = memory / (memory + seen)
+            keep = self.weight[d] / (self.weight[d] + seen)
             self.rates[d] = keep * self.rates[d] + (1.0 - keep) * hits / seen
             self.prior_share[d] *= keep
+            self.weight[d] = min(self.weight[d] + seen, self.MAX_OBS)
             self.reached[d] += seen
             self.accepted[d] += hits
+
+    def judged(self) -> int:
+        """Leading depths whose rate rests more on evidence than on the prior."""
+        return next((d for d, s in enumerate(self.prior_share) if s > 0.5), len(self.prior_share))
+
+    def tick(self) -> None:
+        """One serving step passed: the evidence behind every rate is worth 1 - alpha of what it
+        was, never less than a prior (PRIOR_OBS observations)."""
+        self.weight = [max(w * (1.0 - self.alpha), self.PRIOR_OBS) for w in self.weight]
 
     def estimates(self) -> list[float]:
         """The rates the chooser uses: each rate with its prior's share replaced by the larger of
@@ -102,6 +116,14 @@ class AcceptanceTracker:
         for d, (rate, share, prior) in enumerate(zip(self.rates, self.prior_share, self.prior)):
             hope = max(prior, out[-1]) if d else prior
             out.append(rate + share * (hope - prior))
+        return out
+
+    def optimistic(self) -> list[float]:
+        """The estimates raised by one standard error of the evidence behind them (the upper end of
+        Wilson's score interval at z = 1, with the weight as the number of observations)."""
+        out = []
+        for p, n in zip(self.estimates(), self.weight):
+            out.append((p + 0.5 / n + (p * (1 - p) / n + 0.25 / n**2) ** 0.5) / (1 + 1 / n))
         return out
 
     def measured(self) -> list[float | None]:

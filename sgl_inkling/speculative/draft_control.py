@@ -5,13 +5,8 @@ from __future__ import annotations
 
 import random
 
-from sgl_inkling.speculative.adaptive import (
-    EXPLORE_EVERY,
-    EXPLORE_SHARE,
-    AcceptanceTracker,
-    StepCosts,
-    choose_k,
-)
+from sgl_inkling.speculative.adaptive import AcceptanceTracker, StepCosts, choose_k
+from sgl_inkling.speculative.exploration import ExplorationBudget
 
 
 class DraftControl:
@@ -23,8 +18,7 @@ class DraftControl:
         self.costs: StepCosts | None = None
         self.k = num_steps  # drafts of the step being drafted now
         self.k_steps = [0] * (num_steps + 1)  # draft steps per chosen k
-        self._since_explore = 0
-        self._time_since_explore = 0.0
+        self.explorer = ExplorationBudget()
         self.forced_accept: float | None = None  # benchmark-only switch (bench_one_batch --mtp-accept)
         self._forced_credit = 0.0
         # Benchmark-only: a_d, the chance that the first d drafts are accepted (bench --mtp-accept-curve).
@@ -32,19 +26,15 @@ class DraftControl:
         self._forced_rng = random.Random(0)
 
     def choose(self, bs: int) -> int:
-        """Drafts for the next step of a batch of bs requests: K unless adaptive; else the best k
-        for the measured costs and running acceptance, one more at most every EXPLORE_EVERY-th
-        step and only while exploring has cost under EXPLORE_SHARE of the time since the last time
-        (plain decode next to a costly first draft: drafts that are never right cost little)."""
+        """Drafts for the next step of a batch of bs requests (called once per serving step): K
+        unless adaptive; else the best k for the measured costs and running acceptance, or a deeper
+        one to explore within its budget (exploration.py)."""
         k = self.num_steps
         if self.adaptive and self.costs is not None:
             cost = self.costs.for_batch(max(bs, 1))
-            k = choose_k(self.tracker.estimates(), cost)
-            self._since_explore += 1
-            self._time_since_explore += cost[k]
-            if (k < self.num_steps and self._since_explore >= EXPLORE_EVERY
-                    and EXPLORE_SHARE * self._time_since_explore >= cost[k + 1] - cost[k]):  # fmt: skip
-                k, self._since_explore, self._time_since_explore = k + 1, 0, 0.0
+            self.tracker.tick()
+            rates = self.tracker.estimates()
+            k = self.explorer.pick(self.tracker, rates, cost, choose_k(rates, cost))
         self.k_steps[k] += 1
         return k
 
@@ -55,8 +45,7 @@ class DraftControl:
         self.costs = costs or self.costs or StepCosts.given(self.num_steps)
         self.tracker = AcceptanceTracker(self.num_steps)
         self.k_steps = [0] * (self.num_steps + 1)
-        self._since_explore = 0
-        self._time_since_explore = 0.0
+        self.explorer = ExplorationBudget()
         self.k = self.choose(1)
 
     def observe(self, accepted: list[int], drafted: list[int]) -> None:

@@ -71,8 +71,10 @@ def test_measured_acceptance_matches_the_drafts_rates(sched, plain):
 
 
 def test_adaptive_settles_on_the_fastest_k(sched, plain):
-    """Costs where, for these rates, 3 drafts are clearly fastest: after the estimates converge the
-    steps draft 3 (and 4 on the exploration steps); outputs stay greedy's."""
+    """Costs where, for these rates, 3 drafts are clearly fastest: the steps draft 3 as the
+    estimates move from the public prior to these rates, and never explore deeper (even perfect
+    depths past 3 could not make 4 or more faster); outputs stay greedy's. Greedy output under
+    steps of different k: test_mtp_scheduler, test_mtp_plain_steps."""
     s = sched
     costs = [1.0, 1.45, 1.75, 1.9, 2.6, 2.9, 3.2, 3.5, 3.8]
     best = choose_k(P, costs)
@@ -82,9 +84,9 @@ def test_adaptive_settles_on_the_fastest_k(sched, plain):
     before = list(s.spec.k_steps)
     run_with_oracle(s, plain, "ada", n=4, new_tokens=80)
     used = [a - b for a, b in zip(s.spec.k_steps, before)]
-    assert sum(1 for u in used if u) >= 2, used  # the steps did not all draft the same number
-    assert used[best] > sum(used) // 2, used
-    assert s.spec.k in (best, best + 1), (s.spec.k, used)
+    assert used[best] == sum(used) > 20, used
+    assert abs(s.spec.tracker.rates[0] - P[0]) < 0.1  # moved from the prior (0.757) to these rates
+    assert s.spec.k == best, (s.spec.k, used)
     s.abort("")
     assert s.kv.full.available == s.kv.full.num_slots and s.kv.swa.available == s.kv.swa.num_slots
 

@@ -151,27 +151,63 @@ def _control(costs: list[float]):
     return c
 
 
-def test_exploration_stays_within_its_share_of_the_time():
+def test_exploration_spends_within_its_budget_of_expected_tokens():
     """Drafts that are never right: the chooser settles on plain decode, and the steps that draft
-    anyway (exploration) take at most EXPLORE_SHARE of the time more than plain decode would have,
-    while a free extra depth is explored every EXPLORE_EVERY-th step."""
-    from sgl_inkling.speculative.adaptive import EXPLORE_EVERY, EXPLORE_SHARE
+    anyway give up, in expected tokens under the estimates, at most EXPLORE_LOSS of the tokens;
+    where every k costs the same, exploring is free and happens every step."""
+    from sgl_inkling.speculative.exploration import EXPLORE_LOSS
 
     costs = [1.0] + [2.0 + 0.1 * k for k in range(1, 9)]  # the first draft doubles a step
     c = _control(costs)
-    spent = extra = 0.0
+    given_up = tokens = 0.0
     for _ in range(5000):
         k = c.choose(1)
-        spent += costs[k]
-        extra += costs[k] - costs[0]
         if k:
             c.observe([0], [k])
+            given_up += costs[k] - 1.0  # a plain step would have emitted that many more tokens
+        tokens += 1.0
     assert c.tracker.estimates()[0] < 0.05
-    assert 0 < extra <= EXPLORE_SHARE * spent * 1.05  # it explores, within its budget
+    assert 0 < given_up <= 1.3 * EXPLORE_LOSS * tokens  # it explores, about within its budget
+    assert c.explorer.spent <= c.explorer.earned <= 1.01 * EXPLORE_LOSS * tokens
     free = _control([1.0] * 9)
     free.tracker = AcceptanceTracker(8, prior=[0.0])  # nothing seems worth drafting, every k costs the same
-    ks = [free.choose(1) for _ in range(10 * EXPLORE_EVERY)]
-    assert ks.count(1) == 10 and all(k in (0, 1) for k in ks)
+    ks = [free.choose(1) for _ in range(100)]
+    assert ks == [1] * 100  # free evidence: one depth past the judged ones (none) every step
+
+
+def test_exploration_target_against_brute_force():
+    """The target is, up to one depth past the judged ones, the deeper k whose speed with the
+    depths past the chosen k at their optimistic rates is highest among those that would beat the
+    chosen k; where none would, the cheapest from plain decode (k = 0 judges nothing) and none
+    from a drafting k. Its loss is what a step at it gives up against the chosen k."""
+    from sgl_inkling.speculative.exploration import exploration_target
+
+    rng = random.Random(11)
+    outcomes = set()
+    for _ in range(400):
+        rates = [rng.uniform(0.1, 0.95) for _ in range(8)]
+        hopes = [min(1.0, r + rng.uniform(0, 0.4)) for r in rates]
+        costs = sorted(rng.uniform(1.0, 4.0) for _ in range(9))
+        k, judged = rng.choice((0, 0, *range(8))), rng.randint(0, 8)
+        got = exploration_target(rates, hopes, costs, k, judged)
+        speed = lambda r, j, costs=costs: brute_force_tokens(r, j) / costs[j]  # noqa: E731
+        deeper = range(k + 1, min(8, max(judged + 1, k + 1)) + 1)
+        hoped = {j: speed(rates[:k] + hopes[k:], j) for j in deeper}
+        reach = [j for j in deeper if hoped[j] > speed(rates, k)]
+        if reach:
+            want = max(reach, key=lambda j: hoped[j])
+        elif k == 0:
+            want = max(deeper, key=lambda j: speed(rates, j))
+        else:
+            assert got is None, (rates, hopes, costs, k, judged)
+            outcomes.add("none")
+            continue
+        target, loss = got
+        assert target == want, (rates, hopes, costs, k, judged)
+        assert loss == pytest.approx(max(0.0, (speed(rates, k) - speed(rates, target)) * costs[target]))
+        outcomes.add("reach" if reach else "cheapest")
+    assert outcomes == {"none", "reach", "cheapest"}
+    assert exploration_target([0.5] * 8, [0.6] * 8, [1.0] * 9, 8, 8) is None  # nothing deeper than K
 
 
 def test_estimates_are_optimistic_only_where_evidence_is_missing():
