@@ -492,7 +492,8 @@ __device__ __forceinline__ void row_ring_products(const uint8_t* codes, int64_t 
                                                   float (&acc)[NT][4], float (&acc2)[NT][4]) {
   // As deep as asked, within the 48 KB of static shared memory beside finish_tile's reduction buffer.
   constexpr int kFit = (48 * 1024 - (kWarps - 1) * NT * 4 * 32 * 4) / (kWarps * (16 * 8 + 16) * 16);
-  constexpr int S = (MOE_ROW_RING > 2 ? MOE_ROW_RING : 2) < kFit ? (MOE_ROW_RING > 2 ? MOE_ROW_RING : 2) : kFit;
+  constexpr int kWant = MOE_ROW_RING > 2 ? MOE_ROW_RING : 2;
+  constexpr int S = kWant < kFit ? kWant : kFit;
   static_assert(S >= 2, "the row ring needs two stages");
   __shared__ uint4 ring[kWarps][S][16][8];
   __shared__ uint2 sc[kWarps][S][16][2];
