@@ -19,6 +19,7 @@ from sgl_inkling.model_resolution import ModelNotFoundError, resolve_model_path
 from sgl_inkling.models.inkling.quant_config import check_quantization
 
 logger = logging.getLogger("sglang.launch_server")
+KEEP_ALIVE_S = 75  # idle keep-alive connections: longer than clients keep theirs (see launch_server)
 
 
 def launch_server(server_args) -> None:
@@ -48,6 +49,11 @@ def launch_server(server_args) -> None:
         port=server_args.port,
         log_level=server_args.log_level,
         timeout_graceful_shutdown=10,  # after the drain: connections still open then are closed
+        # An idle keep-alive connection outlives the clients' own expiry (httpx, and so the OpenAI
+        # client, drop theirs after 5 s, uvicorn's default too): with equal timeouts a request sent on
+        # a pooled connection as the server closes it fails with "Server disconnected" (seen at 100
+        # concurrent chat requests after a 30 s pause in test_grammar.py).
+        timeout_keep_alive=KEEP_ALIVE_S,
     )
     try:
         DrainingServer(config, tm, server_args.graceful_shutdown_timeout).run()

@@ -96,6 +96,27 @@ def test_metrics_404_without_the_flag(server):
     assert server.get("/metrics").status_code == 404
 
 
+def test_an_idle_keep_alive_connection_outlives_the_clients_expiry(server):
+    # httpx (and so the OpenAI client) keeps an idle pooled connection for 5 s; a server that closed
+    # its side at the same moment failed requests sent on it ("Server disconnected without sending a
+    # response", seen in test_grammar.py). The same socket must still serve after 6 s idle.
+    import http.client
+
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
+    socks = []
+    try:
+        for pause in (0.0, 6.0):
+            time.sleep(pause)
+            conn.request("GET", "/health")
+            r = conn.getresponse()
+            r.read()
+            assert r.status == 200
+            socks.append(conn.sock)
+        assert socks[0] is socks[1]  # not reconnected: the server kept the connection open
+    finally:
+        conn.close()
+
+
 def test_stream_interval_groups_tokens(observed):
     body = {"input_ids": random_prompt(9, seed=50), "sampling_params": greedy(13), "stream": True}
     r = requests.post(observed.base_url + "/generate", json=body, stream=True, timeout=120)
