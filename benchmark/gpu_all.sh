@@ -3,9 +3,8 @@
 # minutes; each stage has its own limit so one hang cannot eat the rest):
 #   1. GPU tests: the CUDA NVFP4 decode kernels against the reference, the fused decode kernels, no
 #      Triton compile after warm-up, the overlapped decode step without host syncs,
-#   2. bench_moe_nvfp4 at inkling-slice width: the default dispatch (CUDA kernels) beside build variants
-#      (programmatic down launch, persistent routed launches, the in-kernel sinks), batch 1, 8 and 64;
-#      decode below uses the fastest,
+#   2. bench_moe_nvfp4 at inkling-slice width: the default dispatch (CUDA kernels) beside the build
+#      variants of SWEEP (below), batch 1, 8 and 64; decode below uses the fastest if the tests passed,
 #   3. bench_one_batch on inkling-slice with NVFP4 experts, CUDA graphs, batch 1 and 64 (per-layer floor),
 #   4. the same with MTP: forced acceptance 2.5 / 4.5; then fixed k = 1..8 against the adaptive chooser
 #      under the public per-depth curve at batch 1, 8, 64 (benchmark/mtp_adaptive.py), NVFP4 and BF16,
