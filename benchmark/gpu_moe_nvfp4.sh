@@ -2,7 +2,8 @@
 # Issue 15, kernel half, on the H200 in one call from the project root: the NVFP4 MoE kernel tests on
 # the GPU, then bench_moe_nvfp4 at inkling-slice shape over the tile variants given in $TILES
 # (default: the module's dispatch; batch sizes $BATCHES, more flags in $BENCH_ARGS), logs and JSON under $OUT; with NCU=1 also Nsight Compute on one routed up
-# launch (the CUDA decode kernel, or the Triton one where it does not apply). Stage limits keep the whole under 9 minutes.
+# launch (the CUDA decode kernel of the NCU_BUILD build, e.g. row_ring=4, or the Triton one where it does not apply).
+# Stage limits keep the whole under 9 minutes.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH="$PWD/kernels:$PWD/python:$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
@@ -23,6 +24,6 @@ if [ -n "${NCU:-}" ]; then  # what limits the routed up kernel: one launch at ba
   STAGE_TAIL=60 stage ncu "${NCU_LIMIT:-120}" "$NCU_BIN" --clock-control none -k regex:"moe_w4a16|_up_kernel" --launch-skip 2 \
     --launch-count 1 --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
     --section MemoryWorkloadAnalysis --metrics smsp__inst_executed.sum,smsp__inst_executed_pipe_alu.sum,smsp__inst_executed_pipe_fma.sum,l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum,l1tex__data_pipe_lsu_wavefronts_mem_shared_op_ld.sum \
-    "$PY" benchmark/profile_moe_nvfp4.py --batch-size 1
+    "$PY" benchmark/profile_moe_nvfp4.py --batch-size 1 --moe-build "${NCU_BUILD:-}"
 fi
 exit $status
