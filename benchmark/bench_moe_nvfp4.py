@@ -87,7 +87,7 @@ def read_tbs() -> float:
 def parse_tiles(spec: str | None):
     """(tiles, asm choices, batch sizes) of a --tiles entry: "default" (the module's dispatch), "mma"
     (the MMA kernels' defaults), "m:up_n,down_n,kb,bk_sink,warps,stages[,asm]" (MMA), or
-    "g:bm,up_n,down_n,kw,kw_sink,warps,sink_max" (small-M GEMVs), or "c:nt,depth,kernel_sink_max,l2,warps,dual_acc,x_prefetch,cp_async,split_sinks,one_launch_max,sink_stream,pdl,persist"
+    "g:bm,up_n,down_n,kw,kw_sink,warps,sink_max" (small-M GEMVs), or "c:nt,depth,kernel_sink_max,l2,warps,dual_acc,x_prefetch,cp_async,split_sinks,one_launch_max,sink_stream,pdl,persist,row_ring"
     (the CUDA decode kernels, trailing fields optional); "@1,8" after it: only at those batches."""
     spec = spec or "default"
     spec, _, at = spec.partition("@")
@@ -203,7 +203,7 @@ def main() -> None:
     p.add_argument("--top-k", type=int, default=6)
     p.add_argument("--sinks", type=int, default=2)
     p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 64])
-    p.add_argument("--tiles", nargs="+", default=[None], help="default | mma | m:up_n,down_n,kb,bk_sink,warps,stages[,asm] | g:bm,up_n,down_n,kw,kw_sink,warps,sink_max | c:nt[,depth,kernel_sink_max,l2,warps,dual_acc,x_prefetch,cp_async,split_sinks,one_launch_max,sink_stream,pdl,persist], each optionally @batch,batch")
+    p.add_argument("--tiles", nargs="+", default=[None], help="default | mma | m:up_n,down_n,kb,bk_sink,warps,stages[,asm] | g:bm,up_n,down_n,kw,kw_sink,warps,sink_max | c:nt[,depth,kernel_sink_max,l2,warps,dual_acc,x_prefetch,cp_async,split_sinks,one_launch_max,sink_stream,pdl,persist,row_ring], each optionally @batch,batch")
     p.add_argument("--asm", type=int, nargs="+", default=[1], help="1: PTX bf16 decode, 0: portable decode")
     p.add_argument("--calls", type=int, default=8, help="MoE calls (fresh routings) per captured graph")
     p.add_argument("--replays", type=int, default=20)

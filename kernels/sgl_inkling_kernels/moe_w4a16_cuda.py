@@ -44,10 +44,7 @@ class CudaTiles:
     stream at every batch, concurrent with the routed launches (kernel_sink_max is then unused); pdl,
     the down launch as a programmatic dependent launch that starts streaming its weights while the
     gate/up launch finishes (Hopper); persist, routed-only launches (at most 2 column tiles, with the
-    cp.async ring) as one resident wave of CTAs that stream their tiles back to back; fused, the routed
-    gate/up and down projections in one launch whose CTAs take (block, tile) items from a work queue
-    (down items wait for their block's gate/up items), where fused_applies (else the two launches);
-    row_ring, stages of a per-warp shared-memory ring whose copies cover whole 128-byte row spans (two
+    cp.async ring) as one resident wave of CTAs that stream their tiles back to back; row_ring, stages of a per-warp shared-memory ring whose copies cover whole 128-byte row spans (two
     chunks a stage) in place of the cp.async chunk ring and the register ring (0: off)."""
 
     nt: int = 1
@@ -66,8 +63,8 @@ class CudaTiles:
     pdl: int = 0
     persist: int = 0
     # H200 at 057268b, routed only, us at batch 1 / 8 / 64: the two launches 99 / 535 / 2550, persistent
-    # 105 / 621 / 2815, fused 112 / 637 / 3142 (8 stages; 135 / 692 / 3247 with 4): short CTAs win.
-    fused: int = 0
+    # 105 / 621 / 2815, and both projections in one launch fed by a work queue (that commit's `fused`,
+    # removed since) 112 / 637 / 3142: short CTAs win.
     # H200 at e5dd617, fused MoE (routed) us at batch 1 / 8 / 64: chunk ring 147.7 (99.5) / 600.2 (536.5) /
     # 2567 (2476); row ring of 4 stages 145.4 (90.4) / 555.0 (485.4) / 2416 (2307); 3 and 5 stages slower.
     # Off until its odd-chunk form (half last stage, 8-byte scale copies: after that run) passes on the GPU.
@@ -79,9 +76,9 @@ class CudaTiles:
 
     def defines(self) -> tuple[tuple[str, int], ...]:
         names = ("MOE_L2_PREFETCH", "MOE_WARPS", "MOE_DUAL_ACC", "MOE_X_PREFETCH", "MOE_CP_ASYNC", "MOE_SPLIT_SINKS",
-                 "MOE_PDL", "MOE_PERSIST", "MOE_FUSED", "MOE_ROW_RING")  # fmt: skip
+                 "MOE_PDL", "MOE_PERSIST", "MOE_ROW_RING")  # fmt: skip
         values = (self.l2, self.warps, self.dual_acc, self.x_prefetch, self.cp_async, self.split_sinks, self.pdl,
-                  self.persist, self.fused, self.row_ring)  # fmt: skip
+                  self.persist, self.row_ring)  # fmt: skip
         return tuple(zip(names, values))
 
 
@@ -89,8 +86,6 @@ BUILD = CudaTiles()  # the depth, sink and build choices of the default tiles (n
 
 _I, _L, _P = ctypes.c_int, ctypes.c_int64, ctypes.c_void_p
 _ARGS = [_I] * 5 + [_P, _L, _P, _L, _L, _P, _L, _L, _P, _P, _L, _L, _P, _P, _P, _P, _L, _P, _L, _P, _L, _L] + [_I] * 6 + [_P]
-_FUSED_ARGS = [_I, _P, _L, _P, _L, _L, _P, _L, _L, _P, _P, _L, _L, _P, _L, _L, _P, _P, _P, _P, _P, _L, _P, _L, _L] \
-    + [_I] * 6 + [_P, _P]  # fmt: skip
 
 
 @functools.cache
@@ -100,34 +95,7 @@ def _library(defines: tuple[tuple[str, int], ...] = CudaTiles().defines()) -> ct
     lib.sgl_moe_w4a16.restype = ctypes.c_int
     lib.sgl_moe_w4a16_error.argtypes = [ctypes.c_int]
     lib.sgl_moe_w4a16_error.restype = ctypes.c_char_p
-    if dict(defines).get("MOE_FUSED"):
-        lib.sgl_moe_w4a16_fused.argtypes = _FUSED_ARGS
-        lib.sgl_moe_w4a16_fused.restype = ctypes.c_int
     return lib
-
-
-def fused_applies(tiles: CudaTiles, hidden: int, inter: int) -> bool:
-    """The fused launch's needs (sgl_moe_w4a16_fused): at most 2 column tiles, the cp.async ring no deeper
-    than twice the smaller projection's chunks per warp, and H, I whose chunks divide among the warps."""
-    per_warp = CHUNK * tiles.warps
-    if not (tiles.fused and tiles.nt <= 2 and tiles.cp_async and hidden % per_warp == 0 and inter % per_warp == 0):
-        return False
-    return max(tiles.cp_async, 2) - 1 <= 2 * min(hidden, inter) // per_warp
-
-
-def _launch_fused(lib, nt: int, x, w13, s13, g13, w2, s2, g2, pairs, block_expert, w32, act, out, k: int) -> None:
-    """Both routed projections in one launch (sgl_moe_w4a16_fused); its queue starts at zero."""
-    n_blocks = block_expert.shape[0]
-    queue = torch.zeros(1 + n_blocks, dtype=torch.int32, device=x.device)
-    rc = lib.sgl_moe_w4a16_fused(
-        nt, x.data_ptr(), x.stride(0), w13.data_ptr(), w13.stride(0), w13.stride(1), s13.data_ptr(), s13.stride(0),
-        s13.stride(1), g13.data_ptr(), w2.data_ptr(), w2.stride(0), w2.stride(1), s2.data_ptr(), s2.stride(0),
-        s2.stride(1), g2.data_ptr(), pairs.data_ptr(), block_expert.data_ptr(), w32.data_ptr(), act.data_ptr(),
-        act.stride(0), out.data_ptr(), out.stride(0), out.stride(1), x.shape[1], w2.shape[2] * 2, w32.numel(),
-        x.shape[0], k, n_blocks, queue.data_ptr(), torch.cuda.current_stream(x.device).cuda_stream,
-    )  # fmt: skip
-    if rc:
-        raise RuntimeError(f"moe_w4a16 fused launch failed: {lib.sgl_moe_w4a16_error(rc).decode()}")
 
 
 def _launch(lib, up: bool, nt: int, depth: int, block_lo: int, n_blocks: int, src, codes, scales, scale2, sink,
@@ -225,10 +193,7 @@ def moe_w4a16_decode(x, w13, s13, g13, w2, s2, g2, ids, weights, sw13, sw2, gam,
     sw13_, sw2_ = (sw13, sw2) if in_kernel else (x.new_empty(0), x.new_empty(0))
     n_routed = block_expert.shape[0]
     common = (pairs, block_expert, w32, g32, act, out, n_pairs, t, k, n_sink_blocks)
-    fused = not in_kernel and fused_applies(tiles, x.shape[1], w2.shape[2] * 2)
-    if fused:
-        _launch_fused(lib, tiles.nt, x, w13, s13, g13, w2, s2, g2, pairs, block_expert, w32, act, out, k)
-    for up in () if fused else (True, False):
+    for up in (True, False):
         src, codes, scales, scale2, sink = (x, w13, s13, g13, sw13_) if up else (act, w2, s2, g2, sw2_)
         if in_kernel and nt_s == tiles.nt:  # one launch: sink blocks first, the routed ones behind
             _launch(lib, up, tiles.nt, tiles.depth, 0, n_sink_blocks + n_routed, src, codes, scales, scale2, sink,

@@ -249,21 +249,12 @@ __device__ __forceinline__ void a_fragment(const WChunk<FP4>& c, int j, uint32_t
   }
 }
 
-// 16 bytes through L2 only: activations that another CTA of the same launch wrote (the fused kernel's
-// down items read the gate/up items' act rows; the read-only path may not see writes of its own launch).
-__device__ __forceinline__ uint4 ld_cg(const uint4* p) {
-  uint4 v;
-  asm volatile("ld.global.cg.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
-  return v;
-}
-
 // A thread's 32 activations of column i in this chunk (16 words), zero for an invalid column.
-template <bool COH = false>
 __device__ __forceinline__ void load_x(const __nv_bfloat16* row, bool ok, int ch, int lane4, uint32_t (&xv)[16]) {
   const uint4* p = reinterpret_cast<const uint4*>(row + ch * kChunk + lane4 * 32);
 #pragma unroll
   for (int q = 0; q < 4; ++q) {
-    const uint4 v = ok ? (COH ? ld_cg(p + q) : __ldg(p + q)) : make_uint4(0, 0, 0, 0);
+    const uint4 v = ok ? __ldg(p + q) : make_uint4(0, 0, 0, 0);
     xv[4 * q] = v.x;
     xv[4 * q + 1] = v.y;
     xv[4 * q + 2] = v.z;
@@ -274,7 +265,7 @@ __device__ __forceinline__ void load_x(const __nv_bfloat16* row, bool ok, int ch
 // One chunk's products. Up to 2 column tiles: activations first, then per k16 step one A fragment
 // for every tile. More tiles: the 8 A fragments first (32 registers), then the tiles one by one, so
 // that registers hold one tile's activations instead of all of them.
-template <bool FP4, int NT, bool COH = false>
+template <bool FP4, int NT>
 __device__ __forceinline__ void compute_chunk(float (&acc)[NT][4], float (&acc2)[NT][4], const WChunk<FP4>& c,
                                               const __nv_bfloat16* const (&xrow)[NT], const bool (&xok)[NT],
                                               int ch, int lane4, const uint32_t (&xpre)[16]) {
@@ -291,7 +282,7 @@ __device__ __forceinline__ void compute_chunk(float (&acc)[NT][4], float (&acc2)
 #pragma unroll
         for (int q = 0; q < 16; ++q) xv[i][q] = xpre[q];
       } else {
-        load_x<COH>(xrow[i], xok[i], ch, lane4, xv[i]);
+        load_x(xrow[i], xok[i], ch, lane4, xv[i]);
       }
     }
 #pragma unroll
@@ -312,7 +303,7 @@ __device__ __forceinline__ void compute_chunk(float (&acc)[NT][4], float (&acc2)
 #pragma unroll
     for (int i = 0; i < NT; ++i) {
       uint32_t xv[16];
-      load_x<COH>(xrow[i], xok[i], ch, lane4, xv);
+      load_x(xrow[i], xok[i], ch, lane4, xv);
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
         uint32_t b0, b1;
@@ -724,145 +715,6 @@ __global__ void __launch_bounds__(kWarps * 32) moe_w4a16_persist_kernel(Args a, 
   cp_async_wait<0>();
 }
 
-#ifndef MOE_FUSED  // the routed gate/up and down projections in one launch fed by a work queue
-#define MOE_FUSED 0
-#endif
-
-#if MOE_FUSED
-__device__ __forceinline__ int ld_acquire(const int* p) {
-  int v;
-  asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-  return v;
-}
-
-// Fused routed projections: the gate/up items (block, 16-row tile of w13) and then the down items
-// (block, tile of w2) of all real blocks form one list; CTAs take items from an atomic counter, so
-// they end within about one item of each other whatever the batch (a static split of a wave leaves
-// up to one item of 4-9 idle at the end, and two launches add a launch gap and a second tail). A
-// CTA streams its items' code chunks back to back through its cp.async ring, as the persistent
-// kernel does. A down item needs every act column of its block: the gate/up items count their
-// finished tiles per block (q[1 + block], release), and a down item's warps wait for the count
-// (acquire) only after its first weight chunks are in flight, reading act through L2 (ld.cg).
-// No deadlock: items are handed out in order and every gate/up item precedes every down item, so
-// an item that waits depends only on items already taken by running CTAs, which never wait.
-// Item indices: thread 0 takes item it + 3 while the CTA computes item it and publishes it at that
-// item's __syncthreads (slots items[it % 4]); the issue side, at most S - 1 <= 2 * (chunks per warp
-// of the smaller item) chunks ahead, never needs an index beyond it + 2 before that sync.
-template <int NT>
-__global__ void __launch_bounds__(kWarps * 32) moe_w4a16_fused_kernel(Args up, Args dn, Blocks b, int n_blocks,
-                                                                      int* q) {
-  constexpr int S = MOE_CP_ASYNC > 2 ? MOE_CP_ASYNC : 2;
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, lane4 = lane & 3;
-  __shared__ float red[2][kWarps - 1][NT * 4][32];
-  __shared__ uint4 ring[kWarps][S][2][32];
-  __shared__ uint32_t sring[kWarps][S][2][16];
-  __shared__ int items[4];
-  if (threadIdx.x == 0)
-    for (int j = 0; j < 3; ++j) items[j] = atomicAdd(q, 1);
-  int n_real = 0;
-  for (int base = 0; base < n_blocks; base += kWarps * 32) {
-    const int i = base + threadIdx.x;
-    n_real += __syncthreads_count(i < n_blocks && b.block_expert[i] >= 0);
-  }  // (the count's barrier also publishes the first three items)
-  const int rt_up = up.n_rows / 16, rt_dn = dn.n_rows / 16;
-  const int n_up = n_real * rt_up, total = n_up + n_real * rt_dn;
-
-  // The issue side: the CTA's is_j-th item, its chunk is_ci; its rows are looked up when its first
-  // chunk is issued (by then its index is published).
-  int is_j = 0, is_ci = 0, is_cpw = 0;
-  bool is_live = false, need_rows = true;
-  const uint8_t *p0 = nullptr, *p1 = nullptr, *ps0 = nullptr, *ps1 = nullptr;
-  auto rows_of = [&](int j) {
-    const int item = items[j & 3];
-    is_live = item < total;
-    if (!is_live) return;
-    const bool u = item < n_up;
-    const Args& a = u ? up : dn;
-    const int n_rt = u ? rt_up : rt_dn, local = u ? item : item - n_up;
-    const int rt = local % n_rt;
-    const int64_t e = b.block_expert[local / n_rt];
-    const int row0 = u ? rt * 16 + 2 * g : rt * 16 + g;
-    const int row1 = u ? row0 + 1 : row0 + 8;
-    p0 = a.codes + e * a.s_ce + row0 * a.s_cr;
-    p1 = a.codes + e * a.s_ce + row1 * a.s_cr;
-    ps0 = a.scales + e * a.s_se + row0 * a.s_sr;
-    ps1 = a.scales + e * a.s_se + row1 * a.s_sr;
-    is_cpw = a.K / kChunk / kWarps;
-  };
-  auto issue = [&](int st) {
-    if (need_rows) {
-      rows_of(is_j);
-      need_rows = false;
-    }
-    if (is_live) {
-      ring_fill<S>(ring, sring, warp, st, g, lane4, p0, p1, ps0, ps1, warp + kWarps * is_ci);
-      if (++is_ci == is_cpw) {
-        is_ci = 0;
-        ++is_j;
-        need_rows = true;
-      }
-    }
-    cp_async_commit();
-  };
-#pragma unroll
-  for (int st = 0; st < S - 1; ++st) issue(st);
-
-  uint32_t xnone[16] = {};
-  int qc = 0;  // chunks consumed so far (ring stage qc % S)
-  for (int it = 0;; ++it) {
-    const int item = items[it & 3];
-    if (item >= total) break;
-    int next = 0;
-    if (threadIdx.x == 0) next = atomicAdd(q, 1);
-    const bool u = item < n_up;
-    const Args& a = u ? up : dn;
-    const int n_rt = u ? rt_up : rt_dn, local = u ? item : item - n_up;
-    const int blk = local / n_rt, rt = local % n_rt, e = (int)b.block_expert[blk];
-    const int cpw = a.K / kChunk / kWarps;
-    const __nv_bfloat16* xrow[NT];
-    bool xok[NT];
-    float acc[NT][4], acc2[NT][4];
-    start_tile<NT>(a, b, blk, g, u, false, 0, xrow, xok, acc, acc2);
-    if (!u)  // every lane acquires the count itself, so its act loads are ordered after it
-      while (ld_acquire(q + 1 + blk) < rt_up) __nanosleep(32);
-    for (int ci = 0; ci < cpw; ++ci, ++qc) {
-      const WChunk<true> c = ring_chunk<S>(ring, sring, warp, qc % S, g, lane4);
-      issue((qc + S - 1) % S);
-      compute_chunk<true, NT, true>(acc, acc2, c, xrow, xok, warp + kWarps * ci, lane4, xnone);
-    }
-    if (threadIdx.x == 0) items[(it + 3) & 3] = next;  // published by finish_tile's __syncthreads
-    if (u) {
-      finish_tile<true, NT, true>(a, b, blk, rt, warp, g, lane4, e, 0, acc, acc2, red[it & 1]);
-      if (warp == 0) {  // warp 0 wrote the tile's act columns: count them for the block's down items
-        __threadfence();
-        __syncwarp();
-        if (lane == 0) atomicAdd(q + 1 + blk, 1);
-      }
-    } else {
-      finish_tile<true, NT, false>(a, b, blk, rt, warp, g, lane4, e, 0, acc, acc2, red[it & 1]);
-    }
-  }
-  cp_async_wait<0>();
-}
-
-// As many CTAs as fit on the GPU at once (asked once), at most one per item.
-template <int NT>
-cudaError_t launch_fused(int n_blocks, int items, const Args& up, const Args& dn, const Blocks& b, int* q,
-                         cudaStream_t stream) {
-  static int wave = 0;
-  if (wave == 0) {
-    int dev = 0, sms = 0, per_sm = 0;
-    cudaGetDevice(&dev);
-    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, moe_w4a16_fused_kernel<NT>, kWarps * 32, 0);
-    wave = sms * (per_sm > 0 ? per_sm : 1);
-  }
-  const int grid = items < wave ? items : wave;
-  moe_w4a16_fused_kernel<NT><<<grid, kWarps * 32, 0, stream>>>(up, dn, b, n_blocks, q);
-  return cudaGetLastError();
-}
-#endif
-
 // A launch with the programmatic-dependent attribute for the down projection when MOE_PDL.
 template <bool UP, typename... P, typename... A>
 cudaError_t launch_kernel(void (*kernel)(P...), dim3 grid, dim3 block, cudaStream_t stream, A... args) {
@@ -970,38 +822,3 @@ extern "C" int sgl_moe_w4a16(int up, int nt, int depth, int block_lo, int n_bloc
 }
 
 extern "C" const char* sgl_moe_w4a16_error(int code) { return cudaGetErrorString(static_cast<cudaError_t>(code)); }
-
-#if MOE_FUSED
-// Both routed projections in one launch (moe_w4a16_fused_kernel), no sink blocks: x [T, H] -> act
-// rows -> out slots. q: 1 + n_blocks int32, zero (the item counter, then per block its finished
-// gate/up tiles). Needs nt <= 2, H and I whose 128-chunks divide among the warps, and a ring no
-// deeper than twice a down item's chunks per warp (cudaErrorInvalidValue otherwise: the caller
-// checks first). Strides as in sgl_moe_w4a16.
-extern "C" int sgl_moe_w4a16_fused(int nt, const void* x, int64_t s_x, const void* c13, int64_t s_ce13,
-                                   int64_t s_cr13, const void* sc13, int64_t s_se13, int64_t s_sr13,
-                                   const void* g13, const void* c2, int64_t s_ce2, int64_t s_cr2, const void* sc2,
-                                   int64_t s_se2, int64_t s_sr2, const void* g2, const void* pairs,
-                                   const void* block_expert, const void* weights, void* act, int64_t s_at,
-                                   void* out, int64_t s_ot, int64_t s_os, int H, int I, int n_pairs, int T,
-                                   int topk, int n_blocks, void* q, void* stream) {
-  constexpr int S = MOE_CP_ASYNC > 2 ? MOE_CP_ASYNC : 2;
-  const int cpw_up = H / kChunk / kWarps, cpw_dn = I / kChunk / kWarps;
-  if (nt > 2 || MOE_CP_ASYNC == 0 || H % (kChunk * kWarps) || I % (kChunk * kWarps) || (2 * I) % 16 || H % 16 ||
-      S - 1 > 2 * (cpw_up < cpw_dn ? cpw_up : cpw_dn))
-    return cudaErrorInvalidValue;
-  if (n_blocks <= 0) return 0;
-  auto* actp = static_cast<__nv_bfloat16*>(act);
-  const Args up{static_cast<const __nv_bfloat16*>(x), static_cast<const uint8_t*>(c13),
-                static_cast<const uint8_t*>(sc13), nullptr, static_cast<const float*>(g13), actp,
-                static_cast<float*>(out), s_x, s_ce13, s_cr13, s_se13, s_sr13, 0, 0, s_at, s_ot, s_os, 2 * I, H};
-  const Args dn{actp, static_cast<const uint8_t*>(c2), static_cast<const uint8_t*>(sc2), nullptr,
-                static_cast<const float*>(g2), actp, static_cast<float*>(out), s_at, s_ce2, s_cr2, s_se2, s_sr2,
-                0, 0, s_at, s_ot, s_os, H, I};
-  const Blocks b{static_cast<const int64_t*>(pairs), static_cast<const int64_t*>(block_expert), nullptr,
-                 static_cast<const float*>(weights), 0, n_pairs, T, topk, 0, 0};
-  const int items = n_blocks * (2 * I / 16 + H / 16);  // an upper bound (padding blocks take none)
-  const auto st = static_cast<cudaStream_t>(stream);
-  auto* qp = static_cast<int*>(q);
-  return nt == 1 ? launch_fused<1>(n_blocks, items, up, dn, b, qp, st) : launch_fused<2>(n_blocks, items, up, dn, b, qp, st);
-}
-#endif
