@@ -15,6 +15,7 @@ routing with the dequantized experts (which also checks that the two agree).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime as dt
 import json
 import statistics
@@ -84,11 +85,28 @@ def read_tbs() -> float:
     return w.numel() * 2 / ms / 1e9
 
 
+CUDA_FIELDS = [f.name for f in dataclasses.fields(CudaTiles)]
+CUDA_SPEC = "c:" + ",".join(CUDA_FIELDS)
+# A c: spec names every CudaTiles field, so that a spec written before a field was removed fails
+# instead of shifting its values into the next fields (persist, once the 13th, was removed: the
+# 14-field specs of before must drop it).
+_OLD_LENGTHS = {14: "persist (the 13th field) was removed"}
+
+
+def cuda_tiles(body: str) -> CudaTiles:
+    fields = [int(f) for f in body.split(",")]
+    if len(fields) != len(CUDA_FIELDS):
+        why = _OLD_LENGTHS.get(len(fields), "")
+        raise SystemExit(f"--tiles c:{body}: {len(fields)} fields, a c: spec has all {len(CUDA_FIELDS)} of "
+                         f"{CUDA_SPEC}{f' ({why})' if why else ''}")  # fmt: skip
+    return CudaTiles(*fields)
+
+
 def parse_tiles(spec: str | None):
     """(tiles, asm choices, batch sizes) of a --tiles entry: "default" (the module's dispatch), "mma"
     (the MMA kernels' defaults), "m:up_n,down_n,kb,bk_sink,warps,stages[,asm]" (MMA), or
-    "g:bm,up_n,down_n,kw,kw_sink,warps,sink_max" (small-M GEMVs), or "c:nt,depth,kernel_sink_max,l2,warps,dual_acc,x_prefetch,cp_async,split_sinks,one_launch_max,sink_stream,pdl,persist,row_ring"
-    (the CUDA decode kernels, trailing fields optional); "@1,8" after it: only at those batches."""
+    "g:bm,up_n,down_n,kw,kw_sink,warps,sink_max" (small-M GEMVs), or CUDA_SPEC (the CUDA decode
+    kernels, every field); "@1,8" after it: only at those batches."""
     spec = spec or "default"
     spec, _, at = spec.partition("@")
     batches = [int(b) for b in at.split(",")] if at else []
@@ -101,7 +119,7 @@ def parse_tiles(spec: str | None):
     if kind == "g":
         return GemvTiles(*fields), [], batches
     if kind == "c":
-        return CudaTiles(*fields), [], batches
+        return cuda_tiles(body), [], batches
     return Tiles(*fields[:6]), fields[6:], batches  # a 7th field picks the decode for this variant
 
 
@@ -203,7 +221,8 @@ def main() -> None:
     p.add_argument("--top-k", type=int, default=6)
     p.add_argument("--sinks", type=int, default=2)
     p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 64])
-    p.add_argument("--tiles", nargs="+", default=[None], help="default | mma | m:up_n,down_n,kb,bk_sink,warps,stages[,asm] | g:bm,up_n,down_n,kw,kw_sink,warps,sink_max | c:nt[,depth,kernel_sink_max,l2,warps,dual_acc,x_prefetch,cp_async,split_sinks,one_launch_max,sink_stream,pdl,persist,row_ring], each optionally @batch,batch")
+    p.add_argument("--tiles", nargs="+", default=[None], help="default | mma | m:up_n,down_n,kb,bk_sink,warps,stages[,asm] | g:bm,up_n,down_n,kw,kw_sink,warps,sink_max | "
+                   f"{CUDA_SPEC}, each optionally @batch,batch")
     p.add_argument("--asm", type=int, nargs="+", default=[1], help="1: PTX bf16 decode, 0: portable decode")
     p.add_argument("--calls", type=int, default=8, help="MoE calls (fresh routings) per captured graph")
     p.add_argument("--replays", type=int, default=20)

@@ -24,6 +24,9 @@ from sgl_inkling_kernels import moe_w4a16_cuda  # noqa: E402
 from sgl_inkling_kernels.moe_w4a16_cuda import CudaTiles  # noqa: E402
 
 FIELDS = [f.name for f in dataclasses.fields(CudaTiles) if f.name != "nt"]
+# Build options measured and removed since (older JSON records them): a variant with one of them on
+# was a build that no longer exists, so it is never picked (its spec would name a different build).
+REMOVED = ("fused", "persist")
 
 
 def parse(spec: str) -> CudaTiles:
@@ -59,6 +62,8 @@ def pick(doc: dict) -> str:
             if "ms" not in v or path not in ("cuda", "default dispatch"):
                 continue
             if path == "cuda" and v["tiles"].get("nt", 1) != 1:  # nt is the batch's choice, not a build's
+                continue
+            if any(v["tiles"].get(k) for k in REMOVED):
                 continue
             key = DEFAULT if path == DEFAULT else spec_of(v["tiles"])
             row[key] = min(row.get(key, float("inf")), v["ms"])

@@ -43,9 +43,9 @@ class CudaTiles:
     and routed blocks whatever split_sinks says; sink_stream, the BF16 sinks through cuBLAS on a side
     stream at every batch, concurrent with the routed launches (kernel_sink_max is then unused); pdl,
     the down launch as a programmatic dependent launch that starts streaming its weights while the
-    gate/up launch finishes (Hopper); persist, routed-only launches (at most 2 column tiles, with the
-    cp.async ring) as one resident wave of CTAs that stream their tiles back to back; row_ring, stages of a per-warp shared-memory ring whose copies cover whole 128-byte row spans (two
-    chunks a stage) in place of the cp.async chunk ring and the register ring (0: off)."""
+    gate/up launch finishes (Hopper); row_ring, stages of a per-warp shared-memory ring whose copies
+    cover whole 128-byte row spans (two chunks a stage) in place of the cp.async chunk ring and the
+    register ring (0: off)."""
 
     nt: int = 1
     depth: int = 4
@@ -61,10 +61,10 @@ class CudaTiles:
     # and 603.5 us against 150.8 and 619.9 for the one-launch / split default) and tie at 64.
     sink_stream: int = 1
     pdl: int = 0
-    persist: int = 0
-    # H200 at 057268b, routed only, us at batch 1 / 8 / 64: the two launches 99 / 535 / 2550, persistent
-    # 105 / 621 / 2815, and both projections in one launch fed by a work queue (that commit's `fused`,
-    # removed since) 112 / 637 / 3142: short CTAs win.
+    # H200 at 057268b, routed only, us at batch 1 / 8 / 64: the two launches 99 / 535 / 2550, one resident
+    # wave of CTAs streaming their tiles back to back (that commit's `persist`) 105 / 621 / 2815, and both
+    # projections in one launch fed by a work queue (its `fused`) 112 / 637 / 3142: short CTAs win (both
+    # removed since).
     # H200 at e5dd617, fused MoE (routed) us at batch 1 / 8 / 64: chunk ring 147.7 (99.5) / 600.2 (536.5) /
     # 2567 (2476); row ring of 4 stages 145.4 (90.4) / 555.0 (485.4) / 2416 (2307); 3 and 5 stages slower.
     # Off until its odd-chunk form (half last stage, 8-byte scale copies: after that run) passes on the GPU.
@@ -76,9 +76,9 @@ class CudaTiles:
 
     def defines(self) -> tuple[tuple[str, int], ...]:
         names = ("MOE_L2_PREFETCH", "MOE_WARPS", "MOE_DUAL_ACC", "MOE_X_PREFETCH", "MOE_CP_ASYNC", "MOE_SPLIT_SINKS",
-                 "MOE_PDL", "MOE_PERSIST", "MOE_ROW_RING")  # fmt: skip
+                 "MOE_PDL", "MOE_ROW_RING")  # fmt: skip
         values = (self.l2, self.warps, self.dual_acc, self.x_prefetch, self.cp_async, self.split_sinks, self.pdl,
-                  self.persist, self.row_ring)  # fmt: skip
+                  self.row_ring)  # fmt: skip
         return tuple(zip(names, values))
 
 

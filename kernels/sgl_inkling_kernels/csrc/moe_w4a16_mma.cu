@@ -184,10 +184,10 @@ __device__ __forceinline__ void load_chunk(WChunk<FP4>& c, const uint8_t* r0, co
   }
 }
 
-// The cp.async ring of a warp (both kernels that stream through it): stage st gets chunk ch of rows
-// r0, r1 (16 code bytes per lane) and their scale bytes (4-byte copies by even lanes, two lanes'
-// pairs each); ring_chunk reads a stage back once its copies have landed, the __syncwarps because
-// lanes read scale words other lanes copied, and before the stage is refilled.
+// The cp.async chunk ring of a warp: stage st gets chunk ch of rows r0, r1 (16 code bytes per lane)
+// and their scale bytes (4-byte copies by even lanes, two lanes' pairs each); ring_chunk reads a
+// stage back once its copies have landed, the __syncwarps because lanes read scale words other
+// lanes copied, and before the stage is refilled.
 template <int S>
 __device__ __forceinline__ void ring_fill(uint4 (&ring)[kWarps][S][2][32], uint32_t (&sring)[kWarps][S][2][16],
                                           int warp, int st, int g, int lane4, const uint8_t* r0, const uint8_t* r1,
@@ -636,85 +636,6 @@ __global__ void __launch_bounds__(kWarps * 32) moe_w4a16_kernel(Args a, Blocks b
   }
 }
 
-#ifndef MOE_PERSIST  // routed-only launches of at most 2 column tiles as one resident wave of CTAs
-#define MOE_PERSIST 0
-#endif
-
-// Persistent routed projection: one wave of CTAs (as many as fit on the GPU), each taking an equal
-// run of consecutive (block, 16-row tile) items and streaming their code chunks back to back through
-// one cp.async ring, so the ring never drains between tiles: a CTA per tile pays the DRAM latency to
-// fill its ring and waits at its end, and at batch 1 a tile is only 24-48 KB. Warps split each tile's
-// K as in tile(); the reduction buffer alternates between tiles, so warps 1.. go on with the next tile
-// while warp 0 writes this one (one __syncthreads per tile). Needs the ring (MOE_CP_ASYNC) and a K
-// whose chunks divide among the warps; moe_align puts the real blocks first (-1 past them).
-template <int NT, bool UP>
-__global__ void __launch_bounds__(kWarps * 32) moe_w4a16_persist_kernel(Args a, Blocks b, int n_blocks) {
-  constexpr int S = MOE_CP_ASYNC > 2 ? MOE_CP_ASYNC : 2;
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, lane4 = lane & 3;
-#if MOE_PDL
-  asm volatile("griddepcontrol.launch_dependents;");
-#endif
-  __shared__ float red[2][kWarps - 1][NT * 4][32];
-  __shared__ uint4 ring[kWarps][S][2][32];
-  __shared__ uint32_t sring[kWarps][S][2][16];
-  const int64_t* block_expert = b.block_expert + (b.block_lo - b.n_sink_blocks);
-  int n_real = 0;
-  for (int base = 0; base < n_blocks; base += kWarps * 32) {
-    const int i = base + threadIdx.x;
-    n_real += __syncthreads_count(i < n_blocks && block_expert[i] >= 0);
-  }
-  const int n_rt = a.n_rows / 16, cpw = a.K / kChunk / kWarps;
-  const int64_t items = (int64_t)n_real * n_rt;
-  const int i0 = (int)(items * blockIdx.x / gridDim.x), n_items = (int)(items * (blockIdx.x + 1) / gridDim.x) - i0;
-  if (n_items <= 0) return;
-
-  // The issue side walks (item, chunk) in the order the loop below consumes them.
-  int is_item = 0, is_ci = 0;
-  const uint8_t *p0, *p1, *ps0, *ps1;
-  auto rows_of = [&](int item) {
-    const int rt = item % n_rt;
-    const int64_t e = block_expert[item / n_rt];
-    const int row0 = UP ? rt * 16 + 2 * g : rt * 16 + g;
-    const int row1 = UP ? row0 + 1 : row0 + 8;
-    p0 = a.codes + e * a.s_ce + row0 * a.s_cr;
-    p1 = a.codes + e * a.s_ce + row1 * a.s_cr;
-    ps0 = a.scales + e * a.s_se + row0 * a.s_sr;
-    ps1 = a.scales + e * a.s_se + row1 * a.s_sr;
-  };
-  rows_of(i0);
-  auto issue = [&](int st) {
-    if (is_item < n_items) {
-      ring_fill<S>(ring, sring, warp, st, g, lane4, p0, p1, ps0, ps1, warp + kWarps * is_ci);
-      if (++is_ci == cpw) {
-        is_ci = 0;
-        if (++is_item < n_items) rows_of(i0 + is_item);
-      }
-    }
-    cp_async_commit();
-  };
-#pragma unroll
-  for (int st = 0; st < S - 1; ++st) issue(st);
-  pdl_wait();  // the activations below come from the previous launch
-
-  uint32_t xnone[16] = {};
-  int q = 0;  // chunks consumed so far (ring stage q % S)
-  for (int it = 0; it < n_items; ++it) {
-    const int item = i0 + it, blk = b.block_lo + item / n_rt, rt = item % n_rt;
-    const int e = (int)block_expert[item / n_rt];
-    const __nv_bfloat16* xrow[NT];
-    bool xok[NT];
-    float acc[NT][4], acc2[NT][4];
-    start_tile<NT>(a, b, blk, g, UP, false, 0, xrow, xok, acc, acc2);
-    for (int ci = 0; ci < cpw; ++ci, ++q) {
-      const WChunk<true> c = ring_chunk<S>(ring, sring, warp, q % S, g, lane4);
-      issue((q + S - 1) % S);
-      compute_chunk<true, NT>(acc, acc2, c, xrow, xok, warp + kWarps * ci, lane4, xnone);
-    }
-    finish_tile<true, NT, UP>(a, b, blk, rt, warp, g, lane4, e, 0, acc, acc2, red[it & 1]);
-  }
-  cp_async_wait<0>();
-}
-
 // A launch with the programmatic-dependent attribute for the down projection when MOE_PDL.
 template <bool UP, typename... P, typename... A>
 cudaError_t launch_kernel(void (*kernel)(P...), dim3 grid, dim3 block, cudaStream_t stream, A... args) {
@@ -734,29 +655,10 @@ cudaError_t launch_kernel(void (*kernel)(P...), dim3 grid, dim3 block, cudaStrea
   return cudaLaunchKernelEx(&cfg, kernel, args...);
 }
 
-// One resident wave: the CTAs that fit on every SM at once (asked once per kernel), at most one per item.
-template <int NT, bool UP>
-cudaError_t launch_persist(int n_blocks, const Args& a, const Blocks& b, cudaStream_t stream) {
-  static int wave = 0;
-  if (wave == 0) {
-    int dev = 0, sms = 0, per_sm = 0;
-    cudaGetDevice(&dev);
-    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, moe_w4a16_persist_kernel<NT, UP>, kWarps * 32, 0);
-    wave = sms * (per_sm > 0 ? per_sm : 1);
-  }
-  const int64_t items = (int64_t)n_blocks * (a.n_rows / 16);
-  const int grid = (int)(items < wave ? items : wave);
-  return launch_kernel<UP>(moe_w4a16_persist_kernel<NT, UP>, dim3(grid), dim3(kWarps * 32), stream, a, b, n_blocks);
-}
-
 template <int NT, bool UP, int DEPTH, int PATHS>
 cudaError_t launch_range(int lo, int hi, const Args& a, Blocks b, cudaStream_t stream) {
   if (hi <= lo) return cudaSuccess;
   b.block_lo = lo;
-  if constexpr (PATHS == 1 && NT <= 2 && MOE_PERSIST && MOE_CP_ASYNC > 0) {
-    if ((a.K / kChunk) % kWarps == 0) return launch_persist<NT, UP>(hi - lo, a, b, stream);
-  }
   return launch_kernel<UP>(moe_w4a16_kernel<NT, UP, DEPTH, PATHS>, dim3(a.n_rows / 16, hi - lo), dim3(kWarps * 32),
                            stream, a, b);
 }
