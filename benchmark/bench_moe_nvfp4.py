@@ -87,10 +87,10 @@ def read_tbs() -> float:
 
 CUDA_FIELDS = [f.name for f in dataclasses.fields(CudaTiles)]
 CUDA_SPEC = "c:" + ",".join(CUDA_FIELDS)
-# A c: spec names every CudaTiles field, so that a spec written before a field was removed fails
-# instead of shifting its values into the next fields (persist, once the 13th, was removed: the
-# 14-field specs of before must drop it).
-_OLD_LENGTHS = {14: "persist (the 13th field) was removed"}
+# A c: spec names every CudaTiles field, so that a spec written for another field list fails instead
+# of shifting its values into other fields. The 13th field was persist until it was removed; bulk
+# took its place, so a spec of before means the same build with persist=0 and is refused with 1.
+_OLD_LENGTHS = {13: "a spec of before bulk was added: insert its 0 before row_ring"}
 
 
 def cuda_tiles(body: str) -> CudaTiles:
@@ -99,7 +99,11 @@ def cuda_tiles(body: str) -> CudaTiles:
         why = _OLD_LENGTHS.get(len(fields), "")
         raise SystemExit(f"--tiles c:{body}: {len(fields)} fields, a c: spec has all {len(CUDA_FIELDS)} of "
                          f"{CUDA_SPEC}{f' ({why})' if why else ''}")  # fmt: skip
-    return CudaTiles(*fields)
+    try:
+        return CudaTiles(*fields)
+    except ValueError as exc:
+        old = " (the 13th field was persist before it was removed)" if fields[CUDA_FIELDS.index("bulk")] == 1 else ""
+        raise SystemExit(f"--tiles c:{body}: {exc}{old}") from None
 
 
 def parse_tiles(spec: str | None):

@@ -103,15 +103,15 @@ def compile_cubin(nvcc: str, arch: str, tiles: CudaTiles, resources: bool) -> tu
 
 
 def resource_lines(log: str) -> list[str]:
-    """ptxas -v's per-kernel lines, the kernel names demangled enough to read."""
-    lines, kernel = [], ""
+    """ptxas -v's registers, spills and shared memory, one line per kernel (names without the hash)."""
+    lines, kernel, spill = [], "", ""
     for line in log.splitlines():
         if m := re.search(r"Compiling entry function '([^']+)'", line):
             kernel = strip_anon(m.group(1))
-        elif "Used" in line and "registers" in line:
-            lines.append(f"{kernel}: {line.split('ptxas info    :')[-1].strip()}")
-        elif "bytes stack frame" in line:
-            lines.append(f"{kernel}: {line.split('ptxas info    :')[-1].strip()}")
+        elif m := re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", line):
+            spill = f"spills {m.group(1)}/{m.group(2)} B"
+        elif m := re.search(r"Used (\d+) registers.*?(\d+) bytes smem", line):
+            lines.append(f"{kernel}: {m.group(1)} registers, {spill}, {m.group(2)} B smem")
     return lines
 
 

@@ -25,7 +25,7 @@ STAGES="${STAGES:-tests bench_moe bench_nvfp4 bench_nvfp4_mtp mtp_adaptive_nvfp4
 want() { [[ " $STAGES " == *" $1 "* ]]; }
 # The MoE build sweep: the shipped default (sinks on a side stream, two routed launches, the cp.async
 # chunk ring) beside the row ring (copies of whole 128-byte row spans) with 3 and 4 stages.
-SWEEP=(default "c:1,4,8,256,4,1,0,8,1,1,1,0,4" "c:1,4,8,256,4,1,0,8,1,1,1,0,3")
+SWEEP=(default "c:1,4,8,256,4,1,0,8,1,1,1,0,0,4" "c:1,4,8,256,4,1,0,8,1,1,1,0,4,0" "c:1,4,8,256,4,1,0,8,1,1,1,0,3,0")
 # Every CUDA MoE library the tests and the sweep load, built in parallel first.
 stage prebuild 90 "$PY" benchmark/prebuild_cuda.py "${SWEEP[@]}"
 M=test/kernels/test_fused_moe_nvfp4.py

@@ -186,6 +186,18 @@ CUDA_CASES = [
     ((17, 2, 6, 1024, 512, 100), CudaTiles(nt=4, row_ring=5)),
     ((5, 2, 2, 512, 256, 64), CudaTiles(nt=8, row_ring=5)),
     ((12, 0, 3, 640, 384, 3), CudaTiles(nt=1, row_ring=4)),
+    # the bulk ring (the row ring's stages filled by bulk copies, completion on mbarriers): the row
+    # ring's cases, with the odd chunk counts (half last stage, scale spans read from the 16-byte
+    # boundary below them), the programmatic down launch, and 8 column tiles (the ring clamped to 3)
+    ((8, 2, 6, 6144, 3072, 1), CudaTiles(nt=1, bulk=4)),
+    ((8, 2, 6, 6144, 3072, 64), CudaTiles(nt=1, bulk=4)),
+    ((8, 2, 6, 6144, 384, 1), CudaTiles(nt=1, bulk=4)),
+    ((33, 2, 6, 512, 256, 5), CudaTiles(nt=1, bulk=3, sink_stream=0, split_sinks=0)),
+    ((9, 1, 4, 256, 512, 40), CudaTiles(nt=2, bulk=5)),
+    ((17, 2, 6, 1024, 512, 100), CudaTiles(nt=4, bulk=5)),
+    ((5, 2, 2, 512, 256, 64), CudaTiles(nt=8, bulk=5)),
+    ((12, 0, 3, 640, 384, 3), CudaTiles(nt=1, bulk=4, pdl=1)),
+    ((7, 1, 3, 384, 640, 2), CudaTiles(nt=1, bulk=3)),
 ]
 
 
@@ -200,11 +212,11 @@ def test_cuda_decode_matches_reference(shape, tiles):
 
 
 @pytest.mark.skipif(not CUDA, reason="CUDA kernels")
-@pytest.mark.parametrize("pdl,row_ring", [(0, 0), (1, 0), (0, 4)])
-def test_side_stream_sinks_replay_from_a_cuda_graph(pdl, row_ring):
-    """The side-stream fork and join (and the programmatic launch edge, the row ring) are captured:
-    replays on new inputs equal the reference."""
-    tiles = CudaTiles(nt=1, sink_stream=1, pdl=pdl, row_ring=row_ring)
+@pytest.mark.parametrize("pdl,row_ring,bulk", [(0, 0, 0), (1, 0, 0), (0, 4, 0), (0, 0, 4)])
+def test_side_stream_sinks_replay_from_a_cuda_graph(pdl, row_ring, bulk):
+    """The side-stream fork and join (and the programmatic launch edge, the row ring, the bulk ring's
+    copies and mbarriers) are captured: replays on new inputs equal the reference."""
+    tiles = CudaTiles(nt=1, sink_stream=1, pdl=pdl, row_ring=row_ring, bulk=bulk)
     shape = (16, 2, 6, 1024, 512, 4)
     x, w13, w2, ids, weights, sw13, sw2, gam = _problem(*shape, torch.bfloat16, seed=21)
     static = [t.clone() for t in (x, ids, weights, gam)]
@@ -219,6 +231,25 @@ def test_side_stream_sinks_replay_from_a_cuda_graph(pdl, row_ring):
         graph.replay()
         torch.cuda.synchronize()
         _assert_close(got, _reference(x2, w13, w2, ids2, weights2, sw13, sw2, gam2), torch.bfloat16)
+
+
+@pytest.mark.skipif(not CUDA, reason="CUDA kernels")
+def test_bulk_ring_refuses_unaligned_tensors_naming_them():
+    """Bulk copies need 16-byte aligned sources: a scale tensor 8 bytes into its storage, or codes
+    whose rows are 8 bytes apart, are refused naming the tensor (the row ring takes the first)."""
+    x, w13, w2, ids, weights, *_ = _problem(8, 0, 2, 256, 256, 1, torch.bfloat16, seed=9)
+    codes, scales, scale2 = w13
+    shifted = torch.empty(scales.numel() + 8, dtype=torch.uint8, device=scales.device)[8:].view(scales.dtype)
+    shifted = shifted.view(scales.shape).copy_(scales)
+    with pytest.raises(ValueError, match="w13_scale"):
+        fused_moe_nvfp4(x, codes, shifted, scale2, *w2, ids, weights, tiles=CudaTiles(nt=1, bulk=4))
+    got = fused_moe_nvfp4(x, codes, shifted, scale2, *w2, ids, weights, tiles=CudaTiles(nt=1, row_ring=4))
+    _assert_close(got, _reference(x, w13, w2, ids, weights, None, None, None), torch.bfloat16)
+    c2, s2, g2 = w2
+    padded = torch.zeros(c2.shape[0], c2.shape[1], c2.shape[2] + 8, dtype=c2.dtype, device=c2.device)
+    padded = padded[:, :, 4 : 4 + c2.shape[2]].copy_(c2)  # rows 136 bytes apart, 4 bytes in
+    with pytest.raises(ValueError, match="w2 "):
+        fused_moe_nvfp4(x, *w13, padded, s2, g2, ids, weights, tiles=CudaTiles(nt=1, bulk=4))
 
 
 @pytest.mark.skipif(not CUDA, reason="CUDA kernels")
@@ -237,6 +268,22 @@ def test_cuda_decode_is_the_default_and_skips_foreign_ids():
     assert calls, "decode batches on a CUDA GPU go to the CUDA kernels"
     want = _reference(x, w13, w2, ids, torch.where(foreign, 0.0, weights.float()), sw13, sw2, gam)
     _assert_close(got, want, torch.bfloat16)
+
+
+def test_bulk_alignment_check_names_the_tensor():
+    """The bulk ring's alignment needs, checked on any device: aligned tensors pass; a scale tensor 8
+    bytes into its storage (its start) or codes with 8-byte-apart rows are refused naming them."""
+    from sgl_inkling_kernels.moe_w4a16_cuda import check_bulk_alignment
+
+    _, (c13, s13, _), (c2, s2, _), *_ = _problem(4, 0, 2, 256, 384, 1, torch.float32, seed=2)
+    s13, s2 = s13.view(torch.uint8), s2.view(torch.uint8)  # I = 384: 24-byte scale rows are fine
+    check_bulk_alignment(c13, s13, c2, s2)
+    shifted = torch.empty(s2.numel() + 8, dtype=torch.uint8)[8:].view(s2.shape)
+    with pytest.raises(ValueError, match="w2_scale"):
+        check_bulk_alignment(c13, s13, c2, shifted)
+    padded = torch.empty(c13.shape[0], c13.shape[1], c13.shape[2] + 8, dtype=torch.uint8)[:, :, : c13.shape[2]]
+    with pytest.raises(ValueError, match="w13 "):
+        check_bulk_alignment(padded, s13, c2, s2)
 
 
 def test_blas_sinks_match_a_brute_force():

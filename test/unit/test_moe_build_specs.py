@@ -25,25 +25,30 @@ def sweep(script: str) -> list[str]:
 
 
 def test_c_spec_names_every_field_in_order():
-    tiles, asm, batches = parse_tiles("c:2,8,4,128,8,0,1,0,0,3,0,1,5@1,8")
+    tiles, asm, batches = parse_tiles("c:2,8,4,128,8,0,1,0,0,3,0,1,3,0@1,8")
     want = CudaTiles(nt=2, depth=8, kernel_sink_max=4, l2=128, warps=8, dual_acc=0, x_prefetch=1, cp_async=0,
-                     split_sinks=0, one_launch_max=3, sink_stream=0, pdl=1, row_ring=5)  # fmt: skip
+                     split_sinks=0, one_launch_max=3, sink_stream=0, pdl=1, bulk=3, row_ring=0)  # fmt: skip
     assert tiles == want and asm == [] and batches == [1, 8]
+    # bulk took persist's place: a spec of before with persist=0 still names the same build
+    assert parse_tiles("c:1,4,8,256,4,1,0,8,1,1,1,0,0,4")[0] == CudaTiles(nt=1, row_ring=4)
 
 
 @pytest.mark.parametrize("body,why", [
-    ("1,4,8,256,4,1,0,8,1,1,1,0,0,4", "persist"),  # the 14 fields of before persist was removed
-    ("1,4", "13 of"),  # trailing fields are no longer optional: they would hide a shifted spec
+    ("1,4,8,256,4,1,0,8,1,1,1,0,1,0", "persist"),  # persist=1 of before: bulk=1 is no build
+    ("1,4,8,256,4,1,0,8,1,1,1,0,4", "before bulk"),  # the 13 fields of between the two changes
+    ("1,4", "14 of"),  # trailing fields are no longer optional: they would hide a shifted spec
+    ("1,4,8,256,4,1,0,8,1,1,1,0,4,4", "set one"),  # bulk and row_ring fill the same ring
 ])  # fmt: skip
-def test_c_spec_of_another_length_is_refused(body, why):
+def test_c_spec_of_another_field_list_is_refused(body, why):
     with pytest.raises(SystemExit, match=why):
         parse_tiles("c:" + body)
 
 
-def test_gpu_sweeps_are_the_builds_they_name():
-    builds = [parse_tiles(s)[0] for s in sweep("gpu_all.sh")]
+@pytest.mark.parametrize("script", ["gpu_all.sh", "gpu_moe_nvfp4.sh"])
+def test_gpu_sweeps_are_the_builds_they_name(script):
+    builds = [parse_tiles(s)[0] for s in sweep(script)]
     assert builds[0] is None  # the module's dispatch first
-    assert builds[1:] == [CudaTiles(nt=1, row_ring=4), CudaTiles(nt=1, row_ring=3)]
+    assert builds[1:] == [CudaTiles(nt=1, row_ring=4), CudaTiles(nt=1, bulk=4), CudaTiles(nt=1, bulk=3)]
 
 
 def _variant(ms: float, **tiles) -> dict:

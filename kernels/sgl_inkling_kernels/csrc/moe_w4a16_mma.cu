@@ -136,7 +136,8 @@ __device__ __forceinline__ void pdl_wait() {
 #define MOE_CP_ASYNC 0
 #endif
 
-__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
+// (maybe_unused: a build whose FP4 stream takes another path references neither of these two)
+[[maybe_unused]] __device__ __forceinline__ void cp_async16(void* dst, const void* src) {
   const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
 #if MOE_L2_PREFETCH == 256
   asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16;" ::"r"(d), "l"(src));
@@ -147,7 +148,7 @@ __device__ __forceinline__ void cp_async16(void* dst, const void* src) {
 #endif
 }
 
-__device__ __forceinline__ void cp_async4(void* dst, const void* src) {
+[[maybe_unused]] __device__ __forceinline__ void cp_async4(void* dst, const void* src) {
   const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(d), "l"(src));
 }
@@ -515,6 +516,156 @@ __device__ __forceinline__ void row_ring_products(const uint8_t* codes, int64_t 
 }
 #endif
 
+#ifndef MOE_BULK  // stages of a per-warp ring filled by bulk copies (cp.async.bulk, Hopper) of row spans (0: off)
+#define MOE_BULK 0
+#endif
+
+#if MOE_BULK
+// The bulk ring: the row ring's stages (two chunks of the tile's 16 rows: 128 code bytes per row, 64
+// in an odd count's half last stage) copied by the bulk-copy unit instead of by the lanes' cp.async
+// requests: lane r < 16 copies row r's code span, lane 16 + r its scale span, one instruction each,
+// so a warp keeps a stage's 2.3 KB in flight with 32 instructions, no registers and no per-16-byte
+// requests (the row ring issues 160 cp.async for the same bytes). A copy's completion is counted in
+// bytes on the stage's mbarrier: every lane arrives with its own byte count (expect_tx) before its
+// copy, so the phase ends when all 32 lanes have arrived and every byte has landed.
+//
+// Bulk copies need 16-byte aligned addresses and sizes. Code rows are (K / 2 bytes, a multiple of 64);
+// scale rows (K / 16 bytes) are 8-byte aligned only when the chunk count is odd (I = 384 under TP 8),
+// so a scale span is copied from the 16-byte boundary at or below it, rounded up to 16 bytes (16 or 32
+// bytes; the reader skips the 8-byte shift). The extra bytes stay inside the scale tensor: a shifted
+// span starts in its own row or, at the row's start, in the tile's previous row (an odd row; the
+// tile's first row is aligned), and a half stage's aligned span ends in the next row of the tile (an
+// even row) or in the row padding (moe_w4a16_decode checks the alignments this needs).
+//
+// Smem: a row slot is 160 bytes (the code span, then the scale span). The bulk copy cannot swizzle
+// 16-byte units as the row ring does; instead the slot pitch (10 units) puts the two rows a
+// quarter-warp reads (2 apart for gate/up: 2g, 2g + 2; for down g, g + 1, placed 2 slots apart) on
+// complementary halves of the banks.
+constexpr int kBulkSpan = 2;      // chunks per stage
+constexpr int kBulkPitch = 160;   // bytes per row slot
+constexpr int kBulkStage = 16 * kBulkPitch;
+
+__device__ __forceinline__ int bulk_slot(int lr, bool up) { return up ? lr : 2 * (lr & 7) + (lr >> 3); }
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+__device__ __forceinline__ void mbar_init(uint64_t* bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(bar)), "r"(count) : "memory");
+}
+
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
+  asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.expect_tx.shared::cta.b64 st, [%0], %1;\n}" ::"r"(smem_u32(bar)),
+               "r"(bytes) : "memory");
+}
+
+// Waits for the phase of the given parity to end. Bounded: a wrong byte count (or a copy that never
+// lands) would otherwise spin forever and hang the GPU for every process; after 2^26 failed tries
+// (try_wait itself suspends a while each time: seconds in all, far beyond any DRAM latency) the
+// kernel traps, which the launch reports as an error.
+__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
+  const uint32_t addr = smem_u32(bar);
+  for (uint32_t n = 0;; ++n) {
+    uint32_t done;
+    asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}"
+                 : "=r"(done) : "r"(addr), "r"(parity) : "memory");
+    if (done) return;
+    if (n == (1u << 26)) __trap();
+  }
+}
+
+// Lane `lane`'s copy of stage sp into `stage` (see above); its bytes are expected on `bar` first.
+template <bool UP>
+__device__ __forceinline__ void bulk_fill(uint8_t* stage, uint64_t* bar, int lane, const uint8_t* codes, int64_t s_cr,
+                                          const uint8_t* scales, int64_t s_sr, int sp, bool full) {
+  const int r = lane & 15;
+  uint8_t* slot = stage + bulk_slot(r, UP) * kBulkPitch;
+  const uint8_t* src;
+  uint32_t bytes;
+  if (lane < 16) {
+    src = codes + r * s_cr + sp * 128;
+    bytes = full ? 128 : 64;
+  } else {
+    const uint8_t* want = scales + r * s_sr + sp * 16;
+    const uint32_t shift = static_cast<uint32_t>(reinterpret_cast<uintptr_t>(want) & 15);
+    src = want - shift;
+    bytes = (shift + (full ? 16 : 8) + 15) & ~15u;
+    slot += 128;
+  }
+  // The lanes' reads of this stage's previous contents (ordered before this point by the caller's
+  // __syncwarp) come before the bulk unit's writes: the two are different proxies.
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+  mbar_arrive_expect_tx(bar, bytes);
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+               ::"r"(smem_u32(slot)), "l"(src), "r"(bytes), "r"(smem_u32(bar)) : "memory");
+}
+
+// Chunk c (0, 1) of a landed stage for the thread's rows lr0, lr1 (as load_chunk would load it);
+// sh0, sh1: the rows' scale shifts (0 or 8).
+template <bool UP>
+__device__ __forceinline__ WChunk<true> bulk_chunk(const uint8_t* stage, int c, int lr0, int lr1, int sh0, int sh1,
+                                                   int lane4) {
+  const uint8_t* s0 = stage + bulk_slot(lr0, UP) * kBulkPitch;
+  const uint8_t* s1 = stage + bulk_slot(lr1, UP) * kBulkPitch;
+  const int u = c * 4 + lane4;
+  WChunk<true> w;
+  w.w[0] = *reinterpret_cast<const uint4*>(s0 + u * 16);
+  w.w[1] = *reinterpret_cast<const uint4*>(s1 + u * 16);
+  w.s[0] = *reinterpret_cast<const uint16_t*>(s0 + 128 + sh0 + u * 2);
+  w.s[1] = *reinterpret_cast<const uint16_t*>(s1 + 128 + sh1 + u * 2);
+  return w;
+}
+
+// A routed tile's products through the bulk ring, in the row ring's order: the CTA's warps take
+// stages in turn, each keeping S - 1 in flight. codes / scales point at the tile's first row.
+template <int NT, bool UP>
+__device__ __forceinline__ void bulk_ring_products(const uint8_t* codes, int64_t s_cr, const uint8_t* scales,
+                                                   int64_t s_sr, int n_chunks, int warp, int lane, int g, int lane4,
+                                                   const __nv_bfloat16* const (&xrow)[NT], const bool (&xok)[NT],
+                                                   float (&acc)[NT][4], float (&acc2)[NT][4]) {
+  // As deep as asked, within the 48 KB of static shared memory beside finish_tile's reduction buffer.
+  constexpr int kFit = (48 * 1024 - (kWarps - 1) * NT * 4 * 32 * 4) / (kWarps * (kBulkStage + 8));
+  constexpr int kWant = MOE_BULK > 2 ? MOE_BULK : 2;
+  constexpr int S = kWant < kFit ? kWant : kFit;
+  static_assert(S >= 2, "the bulk ring needs two stages");
+  __shared__ __align__(128) uint8_t ring[kWarps][S][kBulkStage];
+  __shared__ uint64_t bar[kWarps][S];
+  if (lane == 0) {
+#pragma unroll
+    for (int st = 0; st < S; ++st) mbar_init(&bar[warp][st], 32);
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");  // visible to the bulk unit
+  }
+  __syncwarp();
+  const int n_stages = (n_chunks + kBulkSpan - 1) / kBulkSpan;
+  const int lr0 = UP ? 2 * g : g, lr1 = UP ? 2 * g + 1 : g + 8;
+  const int sh0 = static_cast<int>(reinterpret_cast<uintptr_t>(scales + lr0 * s_sr) & 15);
+  const int sh1 = static_cast<int>(reinterpret_cast<uintptr_t>(scales + lr1 * s_sr) & 15);
+  auto issue = [&](int sp, int st) {
+    if (sp < n_stages)
+      bulk_fill<UP>(ring[warp][st], &bar[warp][st], lane, codes, s_cr, scales, s_sr, sp, 2 * sp + 1 < n_chunks);
+  };
+#pragma unroll
+  for (int st = 0; st < S - 1; ++st) issue(warp + kWarps * st, st);
+  pdl_wait();  // the activations below come from the previous launch
+  uint32_t xnone[16] = {};
+  for (int i = 0; warp + kWarps * i < n_stages; ++i) {
+    const int sp = warp + kWarps * i, st = i % S;
+    mbar_wait(&bar[warp][st], (i / S) & 1);  // the stage's (i / S)-th fill has landed
+    const bool full = 2 * sp + 1 < n_chunks;
+    const WChunk<true> c0 = bulk_chunk<UP>(ring[warp][st], 0, lr0, lr1, sh0, sh1, lane4);
+    WChunk<true> c1;
+    if (full) c1 = bulk_chunk<UP>(ring[warp][st], 1, lr0, lr1, sh0, sh1, lane4);
+    __syncwarp();  // every lane has read the stage before it is refilled
+    issue(sp + kWarps * (S - 1), (i + S - 1) % S);
+    compute_chunk<true, NT>(acc, acc2, c0, xrow, xok, kBulkSpan * sp, lane4, xnone);
+    if (full) compute_chunk<true, NT>(acc, acc2, c1, xrow, xok, kBulkSpan * sp + 1, lane4, xnone);
+  }
+  // Every copy issued was waited for (a stage is filled only for a chunk this warp consumes), so none
+  // is in flight when the CTA exits.
+}
+#endif
+
 // One warp's 16-row tile of block blk: FP4 a routed block, else a BF16 sink block.
 template <bool FP4, int NT, bool UP, int DEPTH>
 __device__ __forceinline__ void tile(const Args& a, const Blocks& b, int blk, int rt, int warp, int g, int lane4,
@@ -552,7 +703,13 @@ __device__ __forceinline__ void tile(const Args& a, const Blocks& b, int blk, in
   // while one computes, the loads of the next DEPTH are issued (a BF16 chunk is 4x the bytes and
   // registers of an NVFP4 one: one is in flight).
   const int n_chunks = K / kChunk;
-  if constexpr (FP4 && MOE_ROW_RING) {
+  if constexpr (FP4 && MOE_BULK) {
+#if MOE_BULK
+    bulk_ring_products<NT, UP>(a.codes + e * a.s_ce + rt * 16 * a.s_cr, a.s_cr,
+                               a.scales + e * a.s_se + rt * 16 * a.s_sr, a.s_sr, n_chunks, warp, g * 4 + lane4, g,
+                               lane4, xrow, xok, acc, acc2);
+#endif
+  } else if constexpr (FP4 && MOE_ROW_RING) {
 #if MOE_ROW_RING
     row_ring_products<NT, UP>(a.codes + e * a.s_ce + rt * 16 * a.s_cr, a.s_cr, a.scales + e * a.s_se + rt * 16 * a.s_sr,
                               a.s_sr, n_chunks, warp, g * 4 + lane4, g, lane4, xrow, xok, acc, acc2);
