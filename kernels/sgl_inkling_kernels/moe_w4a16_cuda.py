@@ -174,14 +174,17 @@ def _side_stream(device: torch.device) -> torch.cuda.Stream:
 
 def check_bulk_alignment(w13, s13, w2, s2) -> None:
     """The bulk ring's copies need 16-byte aligned sources: code tensors whose start, expert and row
-    strides are multiples of 16 bytes; scale tensors whose start and expert stride are, with rows of
-    at least 8-byte alignment (a shifted scale span is read from the 16-byte boundary below it, which
-    stays inside the tensor only under these conditions: csrc/moe_w4a16_mma.cu); contiguous last dims."""
-    for name, t, row in (("w13", w13, 16), ("w13_scale", s13, 8), ("w2", w2, 16), ("w2_scale", s2, 8)):
-        if t.data_ptr() % 16 or t.stride(0) % 16 or t.stride(1) % row or t.stride(2) != 1:
+    strides are multiples of 16 bytes; scale tensors whose start and expert stride are, with rows
+    back to back (a shifted scale span is read from the 16-byte boundary below it, which stays inside
+    the tensor only then: csrc/moe_w4a16_mma.cu); contiguous last dims."""
+    for name, t in (("w13", w13), ("w13_scale", s13), ("w2", w2), ("w2_scale", s2)):
+        codes = not name.endswith("_scale")
+        rows_ok = t.stride(1) % 16 == 0 if codes else t.stride(1) == t.shape[2]
+        if t.data_ptr() % 16 or t.stride(0) % 16 or not rows_ok or t.stride(2) != 1:
+            rows = "16-byte aligned rows" if codes else "rows back to back"
             raise ValueError(f"moe_w4a16: the bulk ring needs {name} with a 16-byte aligned start and expert "
-                             f"stride and {row}-byte aligned rows (got address % 16 = {t.data_ptr() % 16}, "
-                             f"strides {tuple(t.stride())})")  # fmt: skip
+                             f"stride and {rows} (got address % 16 = {t.data_ptr() % 16}, strides "
+                             f"{tuple(t.stride())})")  # fmt: skip
 
 
 def moe_w4a16_decode(x, w13, s13, g13, w2, s2, g2, ids, weights, sw13, sw2, gam, act, out,

@@ -272,7 +272,8 @@ def test_cuda_decode_is_the_default_and_skips_foreign_ids():
 
 def test_bulk_alignment_check_names_the_tensor():
     """The bulk ring's alignment needs, checked on any device: aligned tensors pass; a scale tensor 8
-    bytes into its storage (its start) or codes with 8-byte-apart rows are refused naming them."""
+    bytes into its storage (its start), padded scale rows (the last row's shifted span would end past
+    the tensor) or codes with 8-byte-apart rows are refused naming them."""
     from sgl_inkling_kernels.moe_w4a16_cuda import check_bulk_alignment
 
     _, (c13, s13, _), (c2, s2, _), *_ = _problem(4, 0, 2, 256, 384, 1, torch.float32, seed=2)
@@ -281,9 +282,42 @@ def test_bulk_alignment_check_names_the_tensor():
     shifted = torch.empty(s2.numel() + 8, dtype=torch.uint8)[8:].view(s2.shape)
     with pytest.raises(ValueError, match="w2_scale"):
         check_bulk_alignment(c13, s13, c2, shifted)
+    rows16 = torch.empty(s2.shape[0], s2.shape[1], 32, dtype=torch.uint8)[:, :, : s2.shape[2]]  # 16-aligned
+    with pytest.raises(ValueError, match="w2_scale with .* rows back to back"):
+        check_bulk_alignment(c13, s13, c2, rows16)
     padded = torch.empty(c13.shape[0], c13.shape[1], c13.shape[2] + 8, dtype=torch.uint8)[:, :, : c13.shape[2]]
     with pytest.raises(ValueError, match="w13 "):
         check_bulk_alignment(padded, s13, c2, s2)
+
+
+def test_bulk_scale_spans_of_accepted_layouts_stay_inside_the_tensor():
+    """For every scale layout check_bulk_alignment accepts (chunk counts 1-7, padded and unpadded rows,
+    expert strides), each lane's scale copy as the bulk ring computes it (the span from the 16-byte
+    boundary at or below the stage's bytes, rounded up to 16) covers its bytes and stays inside the
+    tensor; and the layouts refused include one whose last row's span would end past it."""
+    from sgl_inkling_kernels.moe_w4a16_cuda import check_bulk_alignment
+
+    codes = torch.empty(1, 16, 64, dtype=torch.uint8)
+    outside = False
+    for n_chunks in range(1, 8):
+        row = 8 * n_chunks  # scale bytes of a row: K / 16
+        for pad in (0, 8, 16, 24):
+            for n_rows, n_exp in ((16, 2), (32, 1)):
+                s_se = -(-n_rows * (row + pad) // 16) * 16
+                extent = (n_exp - 1) * s_se + (n_rows - 1) * (row + pad) + row
+                scales = torch.empty(n_exp * s_se, dtype=torch.uint8).as_strided((n_exp, n_rows, row), (s_se, row + pad, 1))
+                spans = [(lo - lo % 16, -(-(lo % 16 + n) // 16) * 16, lo, n)
+                         for e in range(n_exp) for r in range(n_rows) for sp in range(-(-n_chunks // 2))
+                         for lo, n in [(e * s_se + r * (row + pad) + 16 * sp, 16 if 2 * sp + 1 < n_chunks else 8)]]
+                inside = all(0 <= a and a + size <= extent and a <= lo and lo + n <= a + size <= a + 32
+                             for a, size, lo, n in spans)  # fmt: skip
+                try:
+                    check_bulk_alignment(codes, scales, codes, scales)
+                except ValueError:
+                    outside |= not inside
+                    continue
+                assert inside, (n_chunks, pad, n_rows, n_exp)
+    assert outside  # the refusal is needed, not only cautious
 
 
 def test_blas_sinks_match_a_brute_force():

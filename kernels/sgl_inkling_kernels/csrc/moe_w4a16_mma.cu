@@ -532,10 +532,11 @@ __device__ __forceinline__ void row_ring_products(const uint8_t* codes, int64_t 
 // Bulk copies need 16-byte aligned addresses and sizes. Code rows are (K / 2 bytes, a multiple of 64);
 // scale rows (K / 16 bytes) are 8-byte aligned only when the chunk count is odd (I = 384 under TP 8),
 // so a scale span is copied from the 16-byte boundary at or below it, rounded up to 16 bytes (16 or 32
-// bytes; the reader skips the 8-byte shift). The extra bytes stay inside the scale tensor: a shifted
-// span starts in its own row or, at the row's start, in the tile's previous row (an odd row; the
-// tile's first row is aligned), and a half stage's aligned span ends in the next row of the tile (an
-// even row) or in the row padding (moe_w4a16_decode checks the alignments this needs).
+// bytes; the reader skips the 8-byte shift). The extra bytes stay inside the scale tensor when its
+// rows are back to back and its start and expert stride 16-byte aligned (moe_w4a16_decode checks):
+// then only odd rows are shifted, so a shifted span starts in its own row or, at the row's start, in
+// the tile's previous row, and an aligned half-stage span (an even row's) ends in the next row of the
+// tile. (With padded rows the last row's span could end past the tensor.)
 //
 // Smem: a row slot is 160 bytes (the code span, then the scale span). The bulk copy cannot swizzle
 // 16-byte units as the row ring does; instead the slot pitch (10 units) puts the two rows a
