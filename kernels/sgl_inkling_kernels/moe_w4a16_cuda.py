@@ -43,10 +43,11 @@ class CudaTiles:
     and routed blocks whatever split_sinks says; sink_stream, the BF16 sinks through cuBLAS on a side
     stream at every batch, concurrent with the routed launches (kernel_sink_max is then unused); pdl,
     the down launch as a programmatic dependent launch that starts streaming its weights while the
-    gate/up launch finishes (Hopper); bulk, stages (0: off, else at least 2) of the row ring's layout
-    filled by Hopper bulk copies (cp.async.bulk, one per row span, completion counted on an mbarrier
-    per stage) in place of the row ring's cp.async requests (needs 16-byte aligned code and scale
-    tensors: moe_w4a16_decode refuses others; unmeasured); row_ring, stages of a per-warp
+    gate/up launch finishes (Hopper); bulk, stages (0: off, else at least 2; clamped to the shared
+    memory as row_ring's are) of the row ring's layout filled by Hopper bulk copies (cp.async.bulk,
+    one per row span, completion counted on an mbarrier per stage) in place of the row ring's
+    cp.async requests (needs 16-byte aligned code and scale tensors: moe_w4a16_decode refuses
+    others; unmeasured); row_ring, stages of a per-warp
     shared-memory ring whose copies cover whole 128-byte row spans (two chunks a stage) in place of
     the cp.async chunk ring and the register ring (0: off). bulk and row_ring exclude each other."""
 
