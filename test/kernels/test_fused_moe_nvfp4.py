@@ -201,8 +201,16 @@ CUDA_CASES = [
 ]
 
 
+def _case_id(case) -> str:
+    """The ring in the test id (GPU runs select them with -k: an untried ring that faults poisons the
+    process's CUDA context, so benchmark/gpu_all.sh runs each ring's cases in a process of its own)."""
+    shape, tiles = case
+    ring = "default" if tiles is None else "bulk" if tiles.bulk else "row_ring" if tiles.row_ring else "chunk"
+    return ring + "-" + "x".join(map(str, shape))
+
+
 @pytest.mark.skipif(not CUDA, reason="CUDA kernels")
-@pytest.mark.parametrize("shape,tiles", CUDA_CASES)
+@pytest.mark.parametrize("shape,tiles", CUDA_CASES, ids=[_case_id(c) for c in CUDA_CASES])
 def test_cuda_decode_matches_reference(shape, tiles):
     x, w13, w2, ids, weights, sw13, sw2, gam = _problem(*shape, torch.bfloat16, seed=5 + sum(shape))
     if not shape[1]:
@@ -212,7 +220,8 @@ def test_cuda_decode_matches_reference(shape, tiles):
 
 
 @pytest.mark.skipif(not CUDA, reason="CUDA kernels")
-@pytest.mark.parametrize("pdl,row_ring,bulk", [(0, 0, 0), (1, 0, 0), (0, 4, 0), (0, 0, 4)])
+@pytest.mark.parametrize("pdl,row_ring,bulk", [(0, 0, 0), (1, 0, 0), (0, 4, 0), (0, 0, 4)],
+                         ids=["chunk", "chunk-pdl", "row_ring", "bulk"])
 def test_side_stream_sinks_replay_from_a_cuda_graph(pdl, row_ring, bulk):
     """The side-stream fork and join (and the programmatic launch edge, the row ring, the bulk ring's
     copies and mbarriers) are captured: replays on new inputs equal the reference."""

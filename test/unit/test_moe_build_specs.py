@@ -19,9 +19,15 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def sweep(script: str) -> list[str]:
-    """The entries of a GPU script's SWEEP=(...) array."""
-    line = next(ln for ln in (ROOT / "benchmark" / script).read_text().splitlines() if ln.startswith("SWEEP="))
-    return shlex.split(line.split("=", 1)[1].split("#")[0].strip().removeprefix("(").removesuffix(")"))
+    """The entries of a GPU script's first SWEEP=(...) array, with the arrays it names ("${X[@]}")
+    expanded from their own first assignments."""
+    arrays: dict[str, list[str]] = {}
+    for ln in (ROOT / "benchmark" / script).read_text().splitlines():
+        name, eq, body = ln.partition("=(")
+        if eq and name.isidentifier() and name not in arrays:
+            words = shlex.split(body.split("#")[0].strip().removesuffix(")"))
+            arrays[name] = [w for x in words for w in (arrays[x[2:-4]] if x.startswith("${") else [x])]
+    return arrays["SWEEP"]
 
 
 def test_c_spec_names_every_field_in_order():
