@@ -663,7 +663,16 @@ __device__ __forceinline__ void bulk_ring_products(const uint8_t* codes, int64_t
     if (full) compute_chunk<true, NT>(acc, acc2, c1, xrow, xok, kBulkSpan * sp + 1, lane4, xnone);
   }
   // Every copy issued was waited for (a stage is filled only for a chunk this warp consumes), so none
-  // is in flight when the CTA exits.
+  // is in flight when the CTA exits. The next tile initialises the same barriers again: PTX leaves
+  // an init over a valid mbarrier undefined, so they are invalidated first, after every lane's
+  // last wait (the loop's __syncwarp orders those; this one covers warps with no stage).
+  __syncwarp();
+  if (lane == 0) {
+#pragma unroll
+    for (int st = 0; st < S; ++st)
+      asm volatile("mbarrier.inval.shared::cta.b64 [%0];" ::"r"(smem_u32(&bar[warp][st])) : "memory");
+  }
+  __syncwarp();
 }
 #endif
 
