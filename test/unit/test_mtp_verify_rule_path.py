@@ -13,6 +13,7 @@ from sgl_inkling.managers.io_struct import TokenizedGenerateReq
 from sgl_inkling.model_executor.model_runner import ModelRunner
 from sgl_inkling.model_executor.seq_runner import SeqRunner
 from sgl_inkling.sampling.sampling_params import SamplingParams
+from sgl_inkling.speculative.adaptive import StepCosts
 from sgl_inkling.speculative.verify_graphs import VerifyGraphRunner
 
 from .helpers import draftable_scheduler, random_prompt
@@ -29,8 +30,10 @@ def rule_graphs(sched):
     w = sched.spec
     w.verify_graphs = {r: VerifyGraphRunner(sched.runner, r, w.trunk_capture, 8, graphs=False, sampled_max_bs=4)
                        for r in range(1, w.num_steps + 2)}  # fmt: skip
-    w.configure(adaptive=False)
+    # Drafts of 1-2 tokens (cheap on the CPU): costs under which deeper drafts never pay.
+    w.configure(adaptive=True, costs=StepCosts({1: [1.0, 1.02, 1.04] + [9.0] * (w.num_steps - 2)}))
     yield w
+    w.configure(adaptive=False)
     w.verify_graphs = None
     w.forced_accept = None
     sched.abort("", abort_all=True)
