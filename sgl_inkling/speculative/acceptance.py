@@ -129,7 +129,8 @@ def sampled_accept(
     b, r, v = logits.shape
     k = r - 1
     drafts = ids[:, 1:]
-    per_row = RowParams(*(t.repeat_interleave(r) for t in (getattr(rows, f) for f in RowParams.FIELDS)))
+    # Each request's parameters on its K + 1 rows (expand, not repeat_interleave: no size to compute).
+    per_row = RowParams(*(getattr(rows, f)[:, None].expand(b, r).reshape(-1) for f in RowParams.FIELDS))
     probs = kept_distribution(logits.reshape(b * r, v), per_row, width).view(b, r, v)
     p_draft = probs[:, :k].gather(-1, drafts[..., None]).squeeze(-1)
     u = torch.rand(b, k, device=logits.device, generator=generator)
