@@ -298,12 +298,12 @@ def _top_k_top_p_thresholds(probs: torch.Tensor, info: SamplingBatchInfo) -> tor
             idx = to_device(rows, torch.int64, probs.device)
             sub, top_ks, top_ps = probs.index_select(0, idx), info.top_ks[idx], info.top_ps[idx]
         vals = sub.sort(dim=-1, descending=True).values if w == vocab else sub.topk(w, dim=-1).values
-        t = _prefix_threshold(vals, top_ks, top_ps, vocab)
+        t = prefix_threshold(vals, top_ks, top_ps, vocab)
         out = t if len(rows) == batch else out.index_copy_(0, idx, t)
     return out
 
 
-def _prefix_threshold(
+def prefix_threshold(
     vals: torch.Tensor, top_ks: torch.Tensor, top_ps: torch.Tensor, vocab: int
 ) -> torch.Tensor:
     """Thresholds from the w largest probabilities of each row (descending), w <= vocab."""

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from sgl_inkling.sampling.sampler import sampling_distribution
+from sgl_inkling.sampling.sampler import TOPK_CANDIDATES, prefix_threshold
 from sgl_inkling.sampling.sampling_batch_info import SamplingBatchInfo
 
 
@@ -56,6 +56,98 @@ def greedy_accept(
     return _emit(ids, lengths, targets)
 
 
+@dataclass
+class RowParams:
+    """Per-request sampling tensors [B] on the logits' device (SamplingBatchInfo's conventions: greedy
+    rows carry temperature 1; top_ks holds the vocabulary size where top-k is off)."""
+
+    temperatures: torch.Tensor  # float32
+    top_ks: torch.Tensor  # int64
+    top_ps: torch.Tensor  # float32
+    min_ps: torch.Tensor  # float32
+    is_greedy: torch.Tensor  # bool
+
+    FIELDS = ("temperatures", "top_ks", "top_ps", "min_ps", "is_greedy")
+
+    @classmethod
+    def of(cls, info: SamplingBatchInfo) -> RowParams:
+        return cls(*(getattr(info, f) for f in cls.FIELDS))
+
+
+def filter_width(params: list, vocab: int) -> int:
+    """How many of each row's most probable tokens the top-k / top-p thresholds need (host flags):
+    0 when no sampled row filters, TOPK_CANDIDATES (topk) when every filtering row's boundary lies
+    among them, else the whole vocabulary (a full sort), as the plain sampler decides per row."""
+    width = min(TOPK_CANDIDATES, vocab)
+    need = wide = False
+    for p in params:
+        k = vocab if p.top_k < 0 else min(p.top_k, vocab)
+        if p.is_greedy or (k >= vocab and p.top_p >= 1.0):
+            continue
+        need, wide = True, wide or k > width
+    return vocab if wide else width if need else 0
+
+
+def kept_distribution(logits: torch.Tensor, rows: RowParams, width: int) -> torch.Tensor:
+    """sampler.sampling_distribution from per-row tensors alone (no host flags, no per-row host
+    loops), so it can be captured: logits [N, V] -> renormalised probabilities float32 [N, V].
+    min-p always runs (0 keeps every token); width (static) is filter_width's: 0 skips top-k/top-p."""
+    # A softmax in place on the one new buffer (float32 whatever the logits' dtype): torch.softmax
+    # would hold its input and its output at once, a third [N, V] float32 next to the noise.
+    probs = logits / rows.temperatures[:, None].float()
+    probs.sub_(probs.amax(dim=-1, keepdim=True)).exp_()
+    probs.div_(probs.sum(dim=-1, keepdim=True))
+    threshold = rows.min_ps * probs.amax(dim=-1)
+    if width:
+        vocab = probs.shape[-1]
+        vals = probs.topk(width, dim=-1).values if width < vocab else probs.sort(dim=-1, descending=True).values
+        threshold = torch.maximum(threshold, prefix_threshold(vals, rows.top_ks, rows.top_ps, vocab))
+    probs.masked_fill_(probs < threshold[:, None], 0.0)
+    probs.div_(probs.sum(dim=-1, keepdim=True))
+    # Greedy rows: one-hot at the argmax of the raw logits (lowest id on ties, as greedy_accept).
+    top = logits.argmax(dim=-1, keepdim=True)
+    greedy = rows.is_greedy[:, None]
+    probs.masked_fill_(greedy, 0.0)
+    return probs.scatter_(1, top, torch.where(greedy, 1.0, probs.gather(1, top)))
+
+
+def sampled_accept(
+    logits: torch.Tensor,  # [B, K + 1, V], grammar masks applied
+    ids: torch.Tensor,  # [B, K + 1]
+    rows: RowParams,  # [B] per request
+    limits: torch.Tensor,  # [B]
+    width: int,  # filter_width of the batch (static inside a graph)
+    generator: torch.Generator | None = None,
+) -> Accepted:
+    """Rejection sampling with point-mass drafts from tensors only: the eager rule (sample_accept)
+    and the verify graph's sampled rule. Greedy rows come out exactly greedy: their p is one-hot.
+
+    Temporaries beyond the logits: one float32 [B, K + 1, V] for the probabilities and one for the
+    noise, alive together (SAMPLED_BYTES_PER_LOGIT in verify_graphs.py); the races for the full p
+    and the residual share the noise and run in its buffer. The draw order (u, then one Exp(1) per
+    logit) is fixed, so the same generator state gives the same decisions on either path."""
+    b, r, v = logits.shape
+    k = r - 1
+    drafts = ids[:, 1:]
+    # Each request's parameters on its K + 1 rows (expand, not repeat_interleave: no size to compute).
+    per_row = RowParams(*(getattr(rows, f)[:, None].expand(b, r).reshape(-1) for f in RowParams.FIELDS))
+    probs = kept_distribution(logits.reshape(b * r, v), per_row, width).view(b, r, v)
+    p_draft = probs[:, :k].gather(-1, drafts[..., None]).squeeze(-1)
+    u = torch.rand(b, k, device=logits.device, generator=generator)
+    lengths = _leading(u < p_draft, limits)  # greedy rows: p is one-hot, so exactly the argmax test
+    # Exponential races draw from unnormalised distributions: argmax(p / E), E ~ Exp(1). One noise
+    # tensor serves the full p and the residual (p without the draft): a row emits one of the two.
+    race = torch.empty_like(probs).exponential_(generator=generator).clamp_min_(torch.finfo(torch.float32).tiny)
+    race = torch.div(probs, race, out=race)
+    del probs
+    from_full = race.argmax(-1)
+    race[:, :k].scatter_(-1, drafts[..., None], 0.0)
+    from_residual = race.argmax(-1)
+    # Stopped early at a rejected draft: the residual; ran out of drafts it may accept: the full p.
+    stopped = (lengths < limits)[:, None]
+    return _emit(ids, lengths, torch.where(stopped, from_residual, from_full))
+
+
 def sample_accept(
     logits: torch.Tensor,  # [B, K + 1, V] float, grammar masks applied
     ids: torch.Tensor,
@@ -63,21 +155,7 @@ def sample_accept(
     limits: torch.Tensor,
     generator: torch.Generator | None = None,
 ) -> Accepted:
-    """Rejection sampling with point-mass drafts; greedy rows in the batch come out greedy."""
-    b, r, v = logits.shape
-    k = r - 1
-    drafts = ids[:, 1:]
-    info = SamplingBatchInfo.from_params([p for p in params for _ in range(r)], v, logits.device)
-    probs = sampling_distribution(logits.reshape(b * r, v), info).view(b, r, v)
-    p_draft = probs[:, :k].gather(-1, drafts[..., None]).squeeze(-1)
-    u = torch.rand(b, k, device=logits.device, generator=generator)
-    lengths = _leading(u < p_draft, limits)  # greedy rows: p is one-hot, so exactly the argmax test
-    residual = probs.clone()
-    residual[:, :k].scatter_(-1, drafts[..., None], 0.0)
-    # Exponential races draw from unnormalised distributions: argmax(p / E), E ~ Exp(1).
-    noise = torch.empty_like(probs).exponential_(generator=generator).clamp_min_(torch.finfo(torch.float32).tiny)
-    from_residual = (residual / noise).argmax(-1)
-    from_full = (probs / noise).argmax(-1)
-    # Stopped early at a rejected draft: the residual; ran out of drafts it may accept: the full p.
-    stopped = (lengths < limits)[:, None]
-    return _emit(ids, lengths, torch.where(stopped, from_residual, from_full))
+    """The sampled rule outside a graph, from the requests' SamplingParams."""
+    v = logits.shape[-1]
+    info = SamplingBatchInfo.from_params(params, v, logits.device)
+    return sampled_accept(logits, ids, RowParams.of(info), limits, filter_width(params, v), generator)

@@ -79,16 +79,23 @@ class MTPWorker(DraftControl, GrammarDrafts, LaggingDepths):
         if runner.graphs is not None:  # CUDA graphs on: verify and draft steps replay per batch bucket too
             from sgl_inkling.speculative.draft_graphs import DraftGraphRunner
             from sgl_inkling.speculative.verify_graphs import VerifyGraphRunner, graph_max_bs
+            from sgl_inkling.speculative.verify_graphs import sampled_graph_max_bs as sampled_max
 
-            max_bs = graph_max_bs(runner, num_steps + 1)  # larger batches verify and draft eagerly
+            free = torch.cuda.mem_get_info(runner.device)[0]
+            max_bs = graph_max_bs(runner, num_steps + 1, free)  # larger batches verify and draft eagerly
+            sampled_bs = sampled_max(runner, num_steps + 1, max_bs, free)  # above: judged outside
             graph_pool = torch.cuda.graph_pool_handle()  # one pool: a step's graphs run one after another
-            self.verify_graphs = {r: VerifyGraphRunner(runner, r, self.trunk_capture, max_bs, graph_pool) for r in widths}
+            self.verify_graphs = {r: VerifyGraphRunner(runner, r, self.trunk_capture, max_bs, graph_pool,
+                                                       sampled_max_bs=sampled_bs) for r in widths}  # fmt: skip
             self.draft_graphs = DraftGraphRunner(self.step, max_bs, [r - 1 for r in widths], graph_pool,
                                                  masks=grammar_backend is not None)  # fmt: skip
             self.fixed_shapes = True
         self.num_verify_steps = 0
         self.num_verify_tokens = 0  # tokens emitted by verify steps (accepted drafts + one each)
         self.num_fixed_shape_steps = 0  # draft steps DraftStep ran (the rest ran DepthChain)
+        # Verify steps by where their acceptance was judged: the greedy or sampled rule in the verify
+        # graph (eager on its static buffers without CUDA), or outside it (grammar, larger batches...).
+        self.judged = {"greedy_graph": 0, "sampled_graph": 0, "outside": 0}
         if adaptive:
             from sgl_inkling.speculative.step_costs import measure_step_costs
 
@@ -164,18 +171,24 @@ class MTPWorker(DraftControl, GrammarDrafts, LaggingDepths):
         forced = self.forced_counts(b)
         limits_t = to_device(limits, torch.int64, dev)
         forced_t = to_device(forced if forced is not None else [-1] * b, torch.int64, dev)
-        acc = None
+        acc = sampled = None
         graphs = self.verify_graphs.get(r) if self.verify_graphs is not None else None
         if graphs is not None and graphs.can_run(batch):
-            out, acc = graphs.replay(batch, limits_t, forced_t)
+            grammar = any(q.grammar is not None for q in reqs)
+            sampled = graphs.sampling_inputs([q.sampling_params for q in reqs], grammar or forced is not None)
+            out, acc = graphs.replay(batch, limits_t, forced_t, *(sampled or ()))
         else:
             out = self.runner.forward(batch)
         logits = out.logits.view(b, r, -1)
         masked = self.verify_masks(reqs, logits)
-        if forced is None and not all(q.sampling_params.is_greedy for q in reqs):
-            acc = sample_accept(logits, ids, [q.sampling_params for q in reqs], limits_t)
+        judged = "sampled_graph" if sampled else "greedy_graph"
+        if sampled:
+            pass  # judged in the graph from the unmasked logits: no request here has a grammar
+        elif forced is None and not all(q.sampling_params.is_greedy for q in reqs):
+            acc, judged = sample_accept(logits, ids, [q.sampling_params for q in reqs], limits_t), "outside"
         elif acc is None or masked:
-            acc = greedy_accept(logits, ids, limits_t, forced_t)
+            acc, judged = greedy_accept(logits, ids, limits_t, forced_t), "outside"
+        self.judged[judged] += 1
         return out, logits, acc
 
     # ---------------------------------------------------------------- commit and draft
@@ -251,6 +264,9 @@ class MTPWorker(DraftControl, GrammarDrafts, LaggingDepths):
             "spec_draft_cuda_graph": self.draft_graphs is not None,
             "spec_cuda_graph_max_bs": self.draft_graphs.max_bs if self.draft_graphs is not None else 0,
             "spec_fixed_shape_draft_steps": self.num_fixed_shape_steps,
+            "spec_verify_judged": dict(self.judged),
+            "spec_sampled_cuda_graph_max_bs": max((g.sampled_buckets[-1] for g in (self.verify_graphs or {}).values()
+                                                   if g.sampled_buckets), default=0),  # fmt: skip
             "spec_plain_decode_steps": self.num_plain_steps,
             "spec_depth_catch_ups": self.num_catch_ups,
         }
