@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The GPU figures of issues 15, 19 and 20 on one H200 in one call from the project root (under 10
 # minutes; each stage has its own limit so one hang cannot eat the rest):
-#   1. GPU tests: the CUDA NVFP4 decode kernels against the reference, the fused decode kernels, no
+#   1. GPU tests (each untried path in a process of its own): the CUDA NVFP4 decode kernels against the
+#      reference (the row ring and the bulk ring apart), the fused decode kernels, no
 #      Triton compile after warm-up, the overlapped decode step without host syncs,
 #   2. bench_moe_nvfp4 at inkling-slice width: the default dispatch (CUDA kernels) beside the build
 #      variants of SWEEP (below), batch 1, 8 and 64; decode below uses the fastest if the tests passed,
@@ -30,7 +31,7 @@ ROW_SWEEP=("c:1,4,8,256,4,1,0,8,1,1,1,0,0,4")
 BULK_SWEEP=("c:1,4,8,256,4,1,0,8,1,1,1,0,4,0" "c:1,4,8,256,4,1,0,8,1,1,1,0,3,0")
 SWEEP=(default "${ROW_SWEEP[@]}" "${BULK_SWEEP[@]}")
 # Every CUDA MoE library the tests and the sweep load, built in parallel first.
-stage prebuild 90 "$PY" benchmark/prebuild_cuda.py "${SWEEP[@]}"
+stage prebuild 120 "$PY" benchmark/prebuild_cuda.py "${SWEEP[@]}"
 M=test/kernels/test_fused_moe_nvfp4.py
 CASES=("$M::test_cuda_decode_matches_reference" "$M::test_side_stream_sinks_replay_from_a_cuda_graph"
   "$M::test_cuda_decode_is_the_default_and_skips_foreign_ids" "$M::test_blas_sinks_match_a_brute_force")
@@ -57,7 +58,17 @@ if want tests; then
   done
   SWEEP=(default "${ROW_SWEEP[@]}" "${BULK_SWEEP[@]}")
 fi
-want bench_moe && stage bench_moe 130 "$PY" benchmark/bench_moe_nvfp4.py --no-bf16 --replays 10 --batch-sizes 1 8 64 \
+# tests_new (not in the default STAGES): GPU tests of paths no GPU has run yet (the sampled MTP rule's
+# graphs, the grammar draft graphs, mixed chunks), in a process apart from the others; they decide
+# nothing below.
+if want tests_new; then
+  before=$status status=0
+  # shellcheck disable=SC2086
+  stage tests_new 150 "$PY" -m pytest -q -p no:cacheprovider ${NEW_GPU_TESTS:-test/gpu/test_mtp_sampled_graph.py
+    test/gpu/test_mtp_gpu.py test/gpu/test_mixed_chunk_gpu.py}
+  status=$((before | status))
+fi
+want bench_moe && stage bench_moe 160 "$PY" benchmark/bench_moe_nvfp4.py --no-bf16 --replays 10 --batch-sizes 1 8 64 \
   --tiles "${SWEEP[@]}" \
   --result-file "$OUT/bench_moe_nvfp4_inkling-slice.json"
 # Decode is timed with the build the sweep found fastest (moe_build.py --pick; "" is the shipped default).
