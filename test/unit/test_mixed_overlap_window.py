@@ -134,35 +134,55 @@ def test_second_wave_resumes_from_prefixes_cached_by_overlapped_mixed_steps(pair
     assert cached["c_turn"] in (turn_end, turn_end + 1), cached
     assert cached["a_div2"] == 1000, cached  # a_div checkpointed its divergence point
     assert mixov.kv.counters["radix_hit_tokens"] - hits == sum(cached.values())
+
+    def snapshotted_inside_a_mixed_chunk(rid: str, at: int) -> bool:
+        return any(r == rid and crosses(start, n, at) for m in mixed_steps for r, start, n in m.chunks)
+
+    # Those resume points were snapshots taken inside chunks of overlapped mixed steps (not chunk ends).
+    assert snapshotted_inside_a_mixed_chunk("b", cached["b_branch"])  # the interval grid
+    assert snapshotted_inside_a_mixed_chunk("b", cached["b_twin"])
+    assert snapshotted_inside_a_mixed_chunk("a_div", 1000)  # the divergence point
     # The later waves' gaps were prefilled while bg decoded, in overlapped mixed steps.
     assert {r for m in mixed_steps for r, _, _ in m.chunks} >= {kw["rid"] for kw in later}
     assert all("bg" in m.riders for m in mixed_steps if any(r == "a_div2" for r, _, _ in m.chunks))
 
 
 def test_retraction_during_mixed_overlapped_steps(w512_path, tmp_path_factory, cold):
-    """A KV pool for about 2.5 windows' worth of requests: admission holds prompts back and decode
-    retracts between overlapped mixed steps; outputs equal the synchronous plain run's and the cold
-    runs', and the pools return to idle."""
+    """A KV pool a little short of three requests' prompts and outputs: decode retracts the one with
+    the least progress (m2) between overlapped mixed steps; its work stays cached, the running
+    requests take from that path's tail only what they need, and m2 resumes past the window from
+    it (re-prefilled in a mixed step); a later arrival waits behind it. Outputs equal the
+    synchronous plain run's and the cold runs', and the pools return to idle."""
     schedule = {
-        0: [dict(rid="m0", ids=random_prompt(700, seed=1200), max_new_tokens=60)],
+        0: [dict(rid="m0", ids=random_prompt(700, seed=1200), max_new_tokens=45)],
         1: [dict(rid="m1", ids=random_prompt(650, seed=1201), max_new_tokens=60)],
         3: [dict(rid="m2", ids=random_prompt(900, seed=1202), max_new_tokens=60)],
-        6: [dict(rid="m3", ids=random_prompt(1200, seed=1203), max_new_tokens=30)],
+        40: [dict(rid="m3", ids=random_prompt(300, seed=1203), max_new_tokens=20)],
     }  # fmt: skip
-    small = [make_scheduler(w512_path, tmp_path_factory, True, chunk=CHUNK, max_total_tokens=2400),
-             make_scheduler(w512_path, tmp_path_factory, False, chunk=CHUNK, max_total_tokens=2400,
+    small = [make_scheduler(w512_path, tmp_path_factory, True, chunk=CHUNK, max_total_tokens=2330),
+             make_scheduler(w512_path, tmp_path_factory, False, chunk=CHUNK, max_total_tokens=2330,
                             disable_overlap_schedule=True)]  # fmt: skip
     mixov = small[0]
-    retractions = []  # overlapped mixed steps so far, at each retraction
-    real = mixov.retract_one
-    mixov.retract_one = lambda: retractions.append(mixov.decode_steps["overlap_mixed_steps"]) or real()
+    retractions, resumed = [], {}  # overlapped mixed steps so far at each retraction; where m2 resumed
+    real_retract, real_admit = mixov.retract_one, mixov.kv.admit
+
+    def admit(req):
+        ok = real_admit(req)
+        if ok and req.num_retractions:
+            resumed[req.rid] = req.kv_len  # (the last attempt is the one that ran)
+        return ok
+
+    mixov.retract_one = lambda: retractions.append(mixov.decode_steps["overlap_mixed_steps"]) or real_retract()
+    mixov.kv.admit = admit
     try:
-        got, _ = run_both(small, schedule)
-        assert small[0].num_retracted > 0 and small[1].num_retracted > 0
+        got, mixed_steps = run_both(small, schedule)
+        assert small[0].num_retracted == 1 and small[1].num_retracted == 1
         total = mixov.decode_steps["overlap_mixed_steps"]
         assert any(0 < n < total for n in retractions), (retractions, total)  # between overlapped mixed steps
+        assert set(resumed) == {"m2"} and resumed["m2"] > WINDOW, resumed  # from its own cached work
+        assert any(r == "m2" and start == resumed["m2"] for m in mixed_steps for r, start, _ in m.chunks)
         assert_as_cold(cold, got, [kw for kws in schedule.values() for kw in kws])
     finally:
-        del mixov.retract_one
+        del mixov.retract_one, mixov.kv.admit
         for s in small:
             close_scheduler(s)
