@@ -70,6 +70,8 @@ def crosses(start: int, n: int, at: int) -> bool:
 
 
 def test_long_prompts_prefill_across_the_window_while_others_decode(pair, cold):
+    """Prompts of 617-1499 tokens arrive while others decode (one decodes across position 512 riding
+    in mixed steps), with output, top and prompt logprobs and a seeded sampled request."""
     lp = {"return_logprob": True, "top_logprobs_num": 3}
     schedule = {
         0: [dict(rid="d0", ids=random_prompt(40, seed=1000), max_new_tokens=40),
@@ -110,7 +112,7 @@ def test_second_wave_resumes_from_prefixes_cached_by_overlapped_mixed_steps(pair
         0: [dict(rid="bg", ids=random_prompt(60, seed=1103), max_new_tokens=150),
             dict(rid="a", ids=a, max_new_tokens=8), dict(rid="b", ids=b, max_new_tokens=8)],
         2: [dict(rid="c", ids=c, max_new_tokens=24)],
-        # While b is still prefilling: resumes from b's chunks cached so far, its gap prefilled beside b.
+        # While b is still prefilling: resumes from what b has cached so far.
         12: [dict(rid="b_twin", ids=b[:1300] + random_prompt(100, seed=1108), max_new_tokens=8)],
         45: [dict(rid="a_div", ids=a[:1000] + random_prompt(150, seed=1104), max_new_tokens=8),
              dict(rid="b_branch", ids=b[:777] + random_prompt(400, seed=1105), max_new_tokens=8),
