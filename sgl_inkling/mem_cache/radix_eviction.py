@@ -6,8 +6,9 @@ scheduler_memory.py), and whichever runs short is refilled in order of least val
 1. Thinning: checkpoints inside a path (nodes with children) go first, least recently used first,
    those on a single path before those where paths branch (a later divergence resumes exactly at
    a branch point). Thinning frees the checkpoint, and then the sliding KV that only its window
-   needed. Locked nodes may lose a checkpoint (a running request restored it at admission, it is
-   never read again) but keep their KV: running requests read it.
+   needed. Locked nodes keep their KV (running requests read it) and so free their windows only
+   once unlocked; they lose a checkpoint (a running request restored it at admission, it is never
+   read again) only when checkpoint slots are short, since for sliding KV it would free nothing.
 2. Dropping: least recently used unlocked leaves, with their full KV, their sliding KV and their
    end-of-turn checkpoint together. A node left without a checkpoint at or below it is dropped
    with them: KV past the last checkpoint can never be resumed, so it must not hold memory.
@@ -72,14 +73,22 @@ class RadixEviction:
         if short_thinnable():
             self._prune_deferred()  # windows kept only because their node was locked when thinned
             if short_thinnable():
-                self._thin(short_thinnable)
+                self._thin(short_thinnable, locked=self.ckpts.available < ckpts)
         if short():
             self._drop_leaves(short)
 
     # ---------------------------------------------------------------- thinning
 
-    def _thin(self, need) -> None:
-        candidates = [n for n in self._nodes() if n.ckpt is not None and n.children and n is not self.root]
+    def _thin(self, need, locked: bool) -> None:
+        """Thin checkpoints until `need()` is met; locked nodes only when `locked` (checkpoint slots
+        are short): their windows are freed only once unlocked (_prune_later), so for sliding KV,
+        which running requests' prefixes hold, thinning them would strip their paths of every
+        checkpoint for nothing, and a request retracted from such a path could resume only where it
+        stopped or, once that end went, from nowhere (a two-slot need then dropped the whole path)."""
+        candidates = [
+            n for n in self._nodes()
+            if n.ckpt is not None and n.children and n is not self.root and (locked or n.lock_ref == 0)
+        ]  # fmt: skip
         candidates.sort(key=lambda n: (wanted_seq(n) is not None, len(n.children) > 1, n.last_access, n.end))
         for node in candidates:
             self.ckpts.free(node.ckpt)

@@ -20,9 +20,9 @@ from .helpers import close_scheduler, new_scheduler, random_prompt
 CHUNK = 64  # tokens per step: prompts of a few hundred tokens take several chunks
 
 
-def make_scheduler(tiny_path, tmp_path_factory, mixed: bool, **kw) -> Scheduler:
-    args = ServerArgs(model_path=str(tiny_path), chunked_prefill_size=CHUNK,
-                      max_prefill_tokens=CHUNK, enable_mixed_chunk=mixed, **{"device": "cpu", **kw})  # fmt: skip
+def make_scheduler(tiny_path, tmp_path_factory, mixed: bool, chunk: int = CHUNK, **kw) -> Scheduler:
+    args = ServerArgs(model_path=str(tiny_path), chunked_prefill_size=chunk,
+                      max_prefill_tokens=chunk, enable_mixed_chunk=mixed, **{"device": "cpu", **kw})  # fmt: skip
     return new_scheduler(args, tmp_path_factory)
 
 
@@ -46,6 +46,7 @@ class Recorder:
 
     def __init__(self, s: Scheduler):
         self.s, self.tokens, self.lps, self.tops, self.inputs, self.reasons = s, {}, {}, {}, {}, {}
+        self.cached: dict[str, int] = {}  # cached_tokens: the prompt tokens its first admission reused
 
     def step(self) -> None:
         self.s.step()
@@ -57,6 +58,7 @@ class Recorder:
                 self.inputs[r.rid] = list(r.input_logprobs)
             if r.finished_reason is not None:
                 self.reasons[r.rid] = r.finished_reason
+            self.cached[r.rid] = r.cached_tokens
             r.new_tokens, r.new_logprobs, r.new_top_logprobs = [], [], []
         self.s.outbox.clear()
 

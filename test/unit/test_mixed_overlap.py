@@ -11,6 +11,7 @@ SWA, request rows and their conv state, checkpoints) end at their idle baseline.
 from __future__ import annotations
 
 import json
+from typing import NamedTuple
 
 import pytest
 
@@ -40,17 +41,25 @@ def tok():
     return get_tokenizer()
 
 
+class MixedStep(NamedTuple):
+    riders: dict[str, int]  # rid: its KV length before the step (the position of its decode token)
+    finished: set[str]  # riders that finished in it (their last token committed while it ran)
+    chunks: list[tuple[str, int, int]]  # the prefill chunks it carried: (rid, first position, tokens)
+
+
 def drive(s: Scheduler, schedule: dict[int, list], abort_at: dict[int, list[str]] | None = None):
     """Submit schedule[i] (submit() kwargs) before step i, then abort abort_at[i] (each must have a
-    token in flight when mixed and overlapped); run until idle. Returns the recorder and, per mixed
-    step, its riders and those that finished in it (their last token committed while it ran)."""
+    token in flight when mixed and overlapped); run until idle. Returns the recorder and the mixed
+    steps (MixedStep)."""
     rec, i, mixed_steps = Recorder(s), 0, []
     real = s.forward_extend
 
     def forward_extend(batch, riders=()):
+        lens = {r.rid: r.kv_len for r, _, _ in riders}
+        chunks = [(r.rid, r.kv_len, n) for r, n, _ in batch]
         real(batch, riders)
         if riders:
-            mixed_steps.append(({r.rid for r, _, _ in riders}, {r.rid for r, _, _ in riders if r.finished}))
+            mixed_steps.append(MixedStep(lens, {r.rid for r, _, _ in riders if r.finished}, chunks))
 
     s.forward_extend = forward_extend
     try:
@@ -73,6 +82,24 @@ def drive(s: Scheduler, schedule: dict[int, list], abort_at: dict[int, list[str]
     return rec, mixed_steps
 
 
+def assert_same_logprobs(got: Recorder, want: Recorder, rid: str, cut: bool = False) -> None:
+    """rid's logprobs in got are want's: output and top-k tokens equal, prompt logprob tokens equal,
+    fp32 values within 1e-5. cut: want's output lists only as far as got's go (an aborted request:
+    the reference may have decoded more)."""
+    mine, tops = got.lps.get(rid, []), got.tops.get(rid, [])
+    lps, want_tops = want.lps.get(rid, []), want.tops.get(rid, [])
+    if cut:
+        lps, want_tops = lps[: len(mine)], want_tops[: len(tops)]
+    assert [t for _, t in mine] == [t for _, t in lps], rid
+    assert [v for v, _ in mine] == pytest.approx([v for v, _ in lps], abs=1e-5), rid
+    assert [[t for _, t in row] for row in tops] == [[t for _, t in row] for row in want_tops], rid
+    if rid in want.inputs:
+        a, b = got.inputs[rid], want.inputs[rid]
+        assert [t for _, t in a] == [t for _, t in b], rid
+        values = [[v for v, _ in x if v is not None] for x in (a, b)]  # (None: the first prompt token)
+        assert values[0] == pytest.approx(values[1], abs=1e-5), rid
+
+
 def run_both(pair, schedule, abort_at=None):
     """The schedule on both schedulers; outputs agree; the mixed run overlapped mixed steps."""
     mixov, ref = pair
@@ -87,16 +114,8 @@ def run_both(pair, schedule, abort_at=None):
         got.tokens.pop(rid, None)
     assert got.tokens == want.tokens
     assert got.reasons == want.reasons
-    for rid, lps in want.lps.items():
-        lps = lps[: len(got.lps.get(rid, []))] if rid in aborted else lps
-        assert [t for _, t in got.lps.get(rid, [])] == [t for _, t in lps], rid
-        assert [v for v, _ in got.lps.get(rid, [])] == pytest.approx([v for v, _ in lps], abs=1e-5), rid
-    for rid, tops in want.tops.items():
-        tops = tops[: len(got.tops.get(rid, []))] if rid in aborted else tops
-        assert [[t for _, t in row] for row in got.tops.get(rid, [])] == [[t for _, t in row] for row in tops], rid
-    for rid, inp in want.inputs.items():
-        assert [t for _, t in got.inputs[rid]] == [t for _, t in inp], rid
-        assert [v for v, _ in got.inputs[rid][1:]] == pytest.approx([v for v, _ in inp[1:]], abs=1e-5), rid
+    for rid in {*want.lps, *want.tops, *want.inputs}:
+        assert_same_logprobs(got, want, rid, cut=rid in aborted)
     mixed = mixov.mixed_counts["num_mixed_steps"] - before[1]["num_mixed_steps"]
     overlapped = mixov.decode_steps["overlap_mixed_steps"] - before[0]["overlap_mixed_steps"]
     assert mixed > 0 and overlapped == mixed  # every mixed step ran overlapped: no silent fallback
@@ -115,7 +134,7 @@ def test_mixed_overlapped_outputs_equal_the_synchronous_plain_path(pair, tok):
                             logprobs={"return_logprob": True}))  # fmt: skip
     got, mixed_steps = run_both(pair, schedule)
     assert set(got.tokens) == {"short", "base", "long", "seeded", "regex", "hit", "again", "json"}
-    assert {"json", "seeded", "long"} <= set().union(*(r for r, _ in mixed_steps))  # they rode along
+    assert {"json", "seeded", "long"} <= set().union(*(m.riders for m in mixed_steps))  # they rode along
     assert len(got.inputs["long"]) == 330 and len(got.tops["long"]) == 12
     if got.reasons["json"]["type"] == "stop":
         assert json.loads(tok.decode(got.tokens["json"], skip_special_tokens=True))["ok"] in (True, False)
@@ -147,7 +166,7 @@ def test_finishes_just_before_a_mixed_step(pair, tok):
     assert got.tokens["tok"] == g["tok"][:tok_at] and got.reasons["tok"]["matched"] == stop_tok
     assert got.tokens["str"] == g["str"][:str_at] and got.reasons["str"]["matched"] == text
     assert got.tokens["bg"][:10] == g["bg"] and len(got.tokens["bg"]) == 14
-    finished_riding = set().union(*(f for _, f in mixed_steps))
+    finished_riding = set().union(*(m.finished for m in mixed_steps))
     assert {"len", "tok", "str"} <= finished_riding  # each finished while riding in a mixed step
 
 

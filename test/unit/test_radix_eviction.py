@@ -127,6 +127,26 @@ def test_locked_paths_keep_their_kv_and_give_up_only_checkpoints():
     check_invariants(cache)
 
 
+def test_sliding_kv_held_by_locked_paths_costs_them_no_checkpoints():
+    """Short of sliding KV alone, a locked path (a running request's prefix) keeps its checkpoints:
+    its windows could be freed only once it is unlocked, so thinning it would free nothing now and
+    leave the path resumable only at its end. Unlocked, it is thinned as usual."""
+    cache = make_cache(swa=200)
+    a = list(range(1000, 1400))
+    node = insert_path(cache, a, [100, 200, 300])
+    cache.lock(node)
+    free = cache.swa_alloc.available
+    cache.evict(swa=free + 10)
+    st = cache.stats()
+    assert st["radix_thinned_checkpoints"] == 0 and cache.swa_alloc.available == free
+    assert [cache.match(a[:p] + [7]).resume_len for p in (150, 250, 350)] == [100, 200, 300]
+    check_invariants(cache)
+    cache.unlock(node)
+    cache.evict(swa=free + 10)
+    assert cache.stats()["radix_thinned_checkpoints"] >= 1 and cache.swa_alloc.available >= free + 10
+    check_invariants(cache)
+
+
 class Queued:
     """A stand-in for a waiting request (Req.queued, Req.wait_seq)."""
 
