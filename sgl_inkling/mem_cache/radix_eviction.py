@@ -6,9 +6,14 @@ scheduler_memory.py), and whichever runs short is refilled in order of least val
 1. Thinning: checkpoints inside a path (nodes with children) go first, least recently used first,
    those on a single path before those where paths branch (a later divergence resumes exactly at
    a branch point). Thinning frees the checkpoint, and then the sliding KV that only its window
-   needed. Locked nodes keep their KV (running requests read it) and so free their windows only
-   once unlocked; they lose a checkpoint (a running request restored it at admission, it is never
-   read again) only when checkpoint slots are short, since for sliding KV it would free nothing.
+   needed. Locked nodes keep the sliding KV their running requests can still read: a request
+   locked at prefix end e reads no position below e - window + 1 again (the request's own window,
+   which the no-cache path frees below at the same point). When sliding KV is short, locked paths
+   then lose the checkpoints whose windows reach below that floor (the 128-token interval inside a
+   running prompt), so a running request holds about one window of its prompt, as without the
+   cache, instead of all of it; a locked node's own end checkpoint costs nothing and stays. When
+   only checkpoint slots are short, locked checkpoints may all go (a running request restored its
+   own at admission and never reads it again).
 2. Dropping: least recently used unlocked leaves, with their full KV, their sliding KV and their
    end-of-turn checkpoint together. A node left without a checkpoint at or below it is dropped
    with them: KV past the last checkpoint can never be resumed, so it must not hold memory.
@@ -18,7 +23,8 @@ last, and among them those of the latest arrival first: evicting LRU in arrival 
 each follow-up turn in a long queue push out the next one's prefix just before it is admitted.
 
 A sliding-KV slot at position t is kept while some checkpoint q at or below its node has
-q - window < t < q (the window a request resuming at q reads).
+q - window < t < q (the window a request resuming at q reads), or some request locked at e at or
+below its node has e - window < t.
 """
 
 from __future__ import annotations
@@ -80,16 +86,21 @@ class RadixEviction:
     # ---------------------------------------------------------------- thinning
 
     def _thin(self, need, locked: bool) -> None:
-        """Thin checkpoints until `need()` is met; locked nodes only when `locked` (checkpoint slots
-        are short): their windows are freed only once unlocked (_prune_later), so for sliding KV,
-        which running requests' prefixes hold, thinning them would strip their paths of every
-        checkpoint for nothing, and a request retracted from such a path could resume only where it
-        stopped or, once that end went, from nowhere (a two-slot need then dropped the whole path)."""
+        """Thin checkpoints until `need()` is met. Locked nodes: every one when `locked` (checkpoint
+        slots are short), else only those whose window reaches below their running requests' floor
+        (the rest cost no sliding KV: thinning them would strip running paths of their checkpoints
+        for nothing, and a request retracted from such a path would resume from nowhere), after the
+        unlocked ones, lowest first (the floor then rises one interval a checkpoint)."""
         candidates = [
             n for n in self._nodes()
-            if n.ckpt is not None and n.children and n is not self.root and (locked or n.lock_ref == 0)
+            if n.ckpt is not None and n.children and n is not self.root
+            and (locked or n.lock_ref == 0 or n.end < self._lowest_lock_end(n))
         ]  # fmt: skip
-        candidates.sort(key=lambda n: (wanted_seq(n) is not None, len(n.children) > 1, n.last_access, n.end))
+        candidates.sort(
+            key=lambda n: (
+                not locked and n.lock_ref > 0, wanted_seq(n) is not None, len(n.children) > 1, n.last_access, n.end
+            )
+        )
         for node in candidates:
             self.ckpts.free(node.ckpt)
             node.ckpt = None
@@ -106,16 +117,25 @@ class RadixEviction:
             return math.inf
         return min((self._nearest_ckpt(c, limit) for c in node.children.values()), default=math.inf)
 
+    def _lowest_lock_end(self, node) -> float:
+        """The shallowest prefix end at or below `node` where a request holds its lock (the lock
+        count a node has beyond its children's), else inf."""
+        if node.lock_ref > sum(c.lock_ref for c in node.children.values()):
+            return node.end
+        return min((self._lowest_lock_end(c) for c in node.children.values() if c.lock_ref > 0), default=math.inf)
+
     def _prune_node(self, node) -> None:
-        """Free the node's sliding KV that no checkpoint's window reads (unlocked nodes only)."""
+        """Free the node's sliding KV that neither a checkpoint's window nor a running request reads."""
         if node is self.root:
             return
-        if node.lock_ref > 0:
-            self._prune_later.add(node)  # running requests read it: retry once it is unlocked
-            return
-        self._prune_later.discard(node)
-        start = node.end - len(node.key)
         keep_from = self._nearest_ckpt(node, node.end + self.window) - self.window + 1
+        if node.lock_ref > 0:
+            # A request locked at e has kv_len >= e and reads only its window before kv_len again.
+            keep_from = min(keep_from, self._lowest_lock_end(node) - self.window + 1)
+            self._prune_later.add(node)  # more goes once it is unlocked
+        else:
+            self._prune_later.discard(node)
+        start = node.end - len(node.key)
         cut = int(min(max(keep_from - start, 0), len(node.key)))
         if cut == 0:
             return

@@ -208,6 +208,9 @@ class ReqKVManager:
             self.rows.read("full", req.row, 0, n).clone(),
             self.rows.read("swa", req.row, 0, n).clone(),
         )
+        # [0, owned) is the tree's already: its sliding slots there may have been freed since (below
+        # the request's window, radix_eviction.py) while the table still names them, so offer none.
+        swa[: req.owned] = 0
         node = self.radix.insert(tokens, full, swa, end_ckpt, dict(req.pending_ckpts))
         req.pending_ckpts.clear()
         # Duplicates of cached slots were freed: point the tables at the tree's copies.

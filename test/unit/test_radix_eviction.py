@@ -127,24 +127,52 @@ def test_locked_paths_keep_their_kv_and_give_up_only_checkpoints():
     check_invariants(cache)
 
 
-def test_sliding_kv_held_by_locked_paths_costs_them_no_checkpoints():
-    """Short of sliding KV alone, a locked path (a running request's prefix) keeps its checkpoints:
-    its windows could be freed only once it is unlocked, so thinning it would free nothing now and
-    leave the path resumable only at its end. Unlocked, it is thinned as usual."""
-    cache = make_cache(swa=200)
+def test_running_paths_hold_only_their_requests_windows_of_sliding_kv():
+    """Short of sliding KV, the checkpoints of locked paths (running requests' prefixes) whose
+    windows reach below their requests' windows are thinned and that sliding KV freed: a request
+    locked at e reads only positions from e - window + 1 on. What is left is exactly those windows
+    (brute force over every position); the paths resume at their ends, nowhere their windows went."""
+    cache = make_cache(swa=2000)
+    a = list(range(1000, 1400))
+    b = a[:250] + list(range(5000, 5100))  # a second request running on a's first 250 tokens
+    na = insert_path(cache, a, [100, 200, 300])
+    nb = insert_path(cache, b, [])
+    cache.lock(na)
+    cache.lock(nb)
+    cache.evict(swa=cache.swa_alloc.num_slots)  # everything the running requests do not read
+    assert cache.stats()["radix_thinned_checkpoints"] == 3
+    assert cache.stats()["radix_cached_tokens"] == len(a) + 100  # locked KV is never dropped
+    def chain(n):
+        return [n] + chain(n.parent) if n is not cache.root else []
+
+    ends, chains = (len(a), len(b)), (chain(na), chain(nb))
+    for node, _ in paths(cache):
+        for i in range(len(node.key)):
+            t = node.end - len(node.key) + i
+            # Position t of node is read by a request locked at e >= node.end (one under node).
+            reads = any(e - WINDOW < t and any(n is node for n in c) for e, c in zip(ends, chains))
+            assert (int(node.swa[i]) != 0) == reads, (node.end, t)
+    assert cache.match(a + [7]).resume_len == len(a) and cache.match(b + [7]).resume_len == len(b)
+    assert [cache.match(a[:p] + [7]).resume_len for p in (150, 250, 350)] == [0, 0, 0]
+    check_invariants(cache, exact_swa=False)
+    cache.unlock(na)
+    cache.unlock(nb)
+    check_invariants(cache)  # finished: what is left is exactly their end checkpoints' windows
+
+
+def test_locked_paths_give_up_their_lowest_checkpoints_only_as_far_as_needed():
+    """A little short of sliding KV, a running path loses its lowest checkpoint (whose window lies
+    furthest below its request's) and keeps the others, which still resume exactly."""
+    cache = make_cache()
     a = list(range(1000, 1400))
     node = insert_path(cache, a, [100, 200, 300])
     cache.lock(node)
-    free = cache.swa_alloc.available
-    cache.evict(swa=free + 10)
-    st = cache.stats()
-    assert st["radix_thinned_checkpoints"] == 0 and cache.swa_alloc.available == free
-    assert [cache.match(a[:p] + [7]).resume_len for p in (150, 250, 350)] == [100, 200, 300]
-    check_invariants(cache)
+    cache.evict(swa=cache.swa_alloc.available + WINDOW - 1)  # one window: [85, 100)
+    assert cache.stats()["radix_thinned_checkpoints"] == 1
+    assert [cache.match(a[:p] + [7]).resume_len for p in (150, 250, 350, 400)] == [0, 200, 300, 400]
+    check_invariants(cache, exact_swa=False)
     cache.unlock(node)
-    cache.evict(swa=free + 10)
-    assert cache.stats()["radix_thinned_checkpoints"] >= 1 and cache.swa_alloc.available >= free + 10
-    check_invariants(cache)
+    check_invariants(cache, exact_swa=False)
 
 
 class Queued:
