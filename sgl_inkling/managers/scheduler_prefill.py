@@ -6,7 +6,9 @@ queue in the policy's order (schedule_policy.py: arrival order, except that lpm 
 queue among requests that have waited less than MAX_WAIT_S). Admission is head-of-line: when the
 request at the head does not fit (no table row, or not enough KV memory), nobody behind it is
 admitted, so a long prompt is never overtaken by a stream of short ones; it waits only for the
-chunks ahead of it and for memory that running requests give back.
+chunks ahead of it and for memory that running requests give back. A partially prefilled request
+holds memory, so its next chunk shrinks to what is left (down to MIN_CHUNK_TOKENS) rather than
+waiting for a whole chunk; a new request waits for a whole first chunk.
 
 Mixed steps. A decode is an extend of one token on the request's cached prefix, so a step that
 prefills a chunk also carries the next token of every running request: running requests keep

@@ -37,6 +37,17 @@ def w512_path():
     return str(ensure_tiny_window_checkpoint())
 
 
+@pytest.fixture(scope="module")
+def cold(w512_path, tmp_path_factory):
+    """Each request run alone: no prefix cache, its prompt prefilled in one forward, synchronous."""
+    s = make_scheduler(w512_path, tmp_path_factory, False, chunk=2048, disable_radix_cache=True,
+                       disable_overlap_schedule=True)  # fmt: skip
+    try:
+        yield {k["rid"]: drive(s, {0: [k]})[0] for kws in SCHEDULE.values() for k in kws}
+    finally:
+        close_scheduler(s)
+
+
 def room(s) -> int:
     """KV slots a chunk could get: free ones plus what the radix cache holds unlocked (evictable)."""
     full, swa = s.kv.full.available, s.kv.swa.available
@@ -52,11 +63,11 @@ def room(s) -> int:
 
 
 @pytest.mark.parametrize("mixed", [True, False], ids=["mixed-overlap", "plain-sync"])
-def test_a_partial_prefill_short_of_memory_progresses_on_what_is_left(w512_path, tmp_path_factory, mixed):
+def test_a_partial_prefill_short_of_memory_progresses_on_what_is_left(w512_path, tmp_path_factory, cold, mixed):
+    """While a minimum chunk fits beside decode's reserve, the partial prefill at the head progresses
+    every step; below that it waits at most MAX_STALL steps (decode uses the rest up and retracts)."""
     kw = dict(max_total_tokens=1400) if mixed else dict(max_total_tokens=1400, disable_overlap_schedule=True)
     s = make_scheduler(w512_path, tmp_path_factory, mixed, chunk=CHUNK, **kw)
-    cold = make_scheduler(w512_path, tmp_path_factory, False, chunk=2048, disable_radix_cache=True,
-                          disable_overlap_schedule=True)  # fmt: skip
     steps = []  # per step with a partial prefill: (room, running, rest of its prompt, its progress)
     real = s.run_prefill
 
@@ -87,13 +98,10 @@ def test_a_partial_prefill_short_of_memory_progresses_on_what_is_left(w512_path,
             stall = stall + 1 if progress == 0 else 0
             longest = max(longest, stall)
         assert longest <= MAX_STALL, steps
-        for kws in SCHEDULE.values():
-            for k in kws:
-                want, _ = drive(cold, {0: [k]})
-                assert got.tokens[k["rid"]] == want.tokens[k["rid"]], k["rid"]
-                assert got.reasons[k["rid"]] == want.reasons[k["rid"]], k["rid"]
-                assert_same_logprobs(got, want, k["rid"])
+        for rid, want in cold.items():
+            assert got.tokens[rid] == want.tokens[rid], rid
+            assert got.reasons[rid] == want.reasons[rid], rid
+            assert_same_logprobs(got, want, rid)
     finally:
         del s.run_prefill
         close_scheduler(s)
-        close_scheduler(cold)
