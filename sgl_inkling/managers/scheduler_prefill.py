@@ -6,7 +6,9 @@ queue in the policy's order (schedule_policy.py: arrival order, except that lpm 
 queue among requests that have waited less than MAX_WAIT_S). Admission is head-of-line: when the
 request at the head does not fit (no table row, or not enough KV memory), nobody behind it is
 admitted, so a long prompt is never overtaken by a stream of short ones; it waits only for the
-chunks ahead of it and for memory that running requests give back.
+chunks ahead of it and for memory that running requests give back. A partially prefilled request
+holds memory, so its next chunk shrinks to what is left (down to MIN_CHUNK_TOKENS) rather than
+waiting for a whole chunk; a new request waits for a whole first chunk.
 
 Mixed steps. A decode is an extend of one token on the request's cached prefix, so a step that
 prefills a chunk also carries the next token of every running request: running requests keep
@@ -35,6 +37,11 @@ from sgl_inkling.model_executor.forward_batch import ForwardBatch, ForwardMode
 from sgl_inkling.model_executor.step_faults import model_step
 from sgl_inkling.multimodal.embed import extend_input_embeds
 from sgl_inkling.sampling.host_copy import to_device
+
+# A partial prefill's chunk shrunk to the memory left is never shorter than this (unless the
+# prompt's rest is): a step for fewer tokens adds a cached node and its checkpoint for little
+# progress, while waiting costs at most the few steps in which decode uses the rest up and retracts.
+MIN_CHUNK_TOKENS = 16
 
 Entry = tuple[Req, int, tuple]  # request, new tokens this step, their (full, swa) KV slots
 
@@ -69,8 +76,13 @@ class PrefillMixin:
                     continue
                 if not self.kv.admit(req):
                     break
-            n = min(len(req.fill_ids) - req.kv_len, budget)
-            locs = self.kv.alloc(req, n) if self.kv.ensure(n + reserve, n + reserve) else None
+            want = min(len(req.fill_ids) - req.kv_len, budget)
+            # A partial request holds memory already: its chunk shrinks to what is left. A new one
+            # waits for a whole first chunk: squeezed into the last slots it would take those the
+            # next decode step needs, and a lone running request short of them is aborted, not
+            # retracted (partial prefills are never retracted).
+            n = self._chunk_that_fits(want, want if fresh else min(want, MIN_CHUNK_TOKENS), reserve)
+            locs = self.kv.alloc(req, n) if n else None
             if locs is None:
                 if fresh:
                     self.kv.free(req)  # give back the row and the prefix lock; it stays waiting
@@ -82,6 +94,8 @@ class PrefillMixin:
             batch.append((req, n, locs))
             budget -= n
             reserve += per_req
+            if n < want:
+                break  # shrunk to the memory left: nothing behind it fits
         if not batch:
             self.step_reqs = []
             return False
@@ -99,6 +113,18 @@ class PrefillMixin:
         if not self.mixed_chunk or n == 0 or 2 * n > self.chunk_budget:
             return []
         return list(self.running) if self.kv.ensure(n, n) else []
+
+    def _chunk_that_fits(self, want: int, least: int, reserve: int) -> int:
+        """The longest chunk of at most `want` tokens, and at least `least`, whose KV (full and
+        sliding) fits beside `reserve`, evicting from the radix cache as needed; 0 when none fits.
+        Waiting for a whole chunk instead could stall a partial prefill, holding its memory, until
+        decode ran dry and retracted (tens of steps)."""
+        if self.kv.ensure(want + reserve, want + reserve):
+            return want
+        # ensure() evicted all it could: what is free now is all there is (SGLang shrinks the chunk
+        # to it likewise, in page units: ours are tokens).
+        room = min(self.kv.full.available, self.kv.swa.available) - reserve
+        return min(want, room) if room >= least else 0
 
     def _fits_at_all(self, req: Req) -> bool:
         return len(req.fill_ids) + 1 <= self.kv.full.num_slots
