@@ -192,11 +192,27 @@ class Scheduler(OverlapDecodeMixin, SamplingMixin, PrefillMixin, SpecDecodeMixin
         even a lone request does not fit: it is aborted and nothing runs this step."""
         while not self.kv.ensure(per_req * len(self.running), per_req * len(self.running)):
             if len(self.running) == 1:
+                if self.partial:  # a prompt's chunks took the room: that prompt waits, not the one decoding
+                    self.retract_partial()
+                    continue
                 req = self.running.pop()
                 self.finish(req, {"type": "abort", "message": "out of KV memory"})
                 return False
             self.retract_one()
         return True
+
+    def retract_partial(self) -> None:
+        """Put the newest partial prefill back to wait (its chunks stay cached), as retract_one does a
+        running request; prompt logprobs it gathered are gathered again when it resumes (a request
+        that wants them resumes no later than logprob_start_len)."""
+        victim = self.partial.pop()
+        self.kv.cache_prefix(victim)
+        self.kv.free(victim)
+        victim.input_lp_partial = []
+        victim.num_retractions += 1
+        self.num_retracted += 1
+        self.waiting.appendleft(victim)
+        logger.info("retracted partial prefill %s to free KV memory for decode", victim.rid)
 
     def retract_one(self) -> None:
         """Free the request that has made the least progress; it is re-prefilled later, not failed."""

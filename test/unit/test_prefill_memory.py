@@ -105,3 +105,32 @@ def test_a_partial_prefill_short_of_memory_progresses_on_what_is_left(w512_path,
     finally:
         del s.run_prefill
         close_scheduler(s)
+
+
+LONE = {
+    0: [dict(rid="r0", ids=random_prompt(300, seed=4), max_new_tokens=220)],
+    3: [dict(rid="p", ids=random_prompt(1100, seed=5), max_new_tokens=4)],
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("mixed", [True, False], ids=["mixed-overlap", "plain-sync"])
+def test_a_lone_running_request_short_of_memory_retracts_the_partial_prefill(w512_path, tmp_path_factory, mixed):
+    """One request decodes while a long prompt's chunks take the rest of the pool (1400 tokens: the
+    two need 1624): when decode runs dry, the partial prefill is put back to wait, not the lone
+    running request aborted ('out of KV memory'); both equal cold runs, the pools return to idle."""
+    cold = make_scheduler(w512_path, tmp_path_factory, False, chunk=2048, disable_radix_cache=True,
+                          disable_overlap_schedule=True)  # fmt: skip
+    try:
+        want = {k["rid"]: drive(cold, {0: [k]})[0] for kws in LONE.values() for k in kws}
+    finally:
+        close_scheduler(cold)
+    kw = dict(max_total_tokens=1400) if mixed else dict(max_total_tokens=1400, disable_overlap_schedule=True)
+    s = make_scheduler(w512_path, tmp_path_factory, mixed, chunk=CHUNK, **kw)
+    try:
+        got, _ = drive(s, LONE)
+        assert s.num_retracted >= 1  # the partial went back to wait
+        for rid, ref in want.items():
+            assert got.reasons[rid] == ref.reasons[rid], rid
+            assert got.tokens[rid] == ref.tokens[rid], rid
+    finally:
+        close_scheduler(s)
