@@ -79,8 +79,8 @@ class PrefillMixin:
             want = min(len(req.fill_ids) - req.kv_len, budget)
             # A partial request holds memory already: its chunk shrinks to what is left. A new one
             # waits for a whole first chunk: squeezed into the last slots it would take those the
-            # next decode step needs, and a lone running request short of them is aborted, not
-            # retracted (partial prefills are never retracted).
+            # next decode step needs, and be put back to wait (make_room's retract_partial) or
+            # cost a running request its retraction, for a few tokens of progress.
             n = self._chunk_that_fits(want, want if fresh else min(want, MIN_CHUNK_TOKENS), reserve)
             locs = self.kv.alloc(req, n) if n else None
             if locs is None:
