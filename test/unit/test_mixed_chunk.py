@@ -5,6 +5,7 @@ through radix prefix hits, grammars, seeded sampling, retraction and aborts; the
 
 from __future__ import annotations
 
+import contextlib
 import re
 
 import pytest
@@ -24,6 +25,18 @@ def make_scheduler(tiny_path, tmp_path_factory, mixed: bool, chunk: int = CHUNK,
     args = ServerArgs(model_path=str(tiny_path), chunked_prefill_size=chunk,
                       max_prefill_tokens=chunk, enable_mixed_chunk=mixed, **{"device": "cpu", **kw})  # fmt: skip
     return new_scheduler(args, tmp_path_factory)
+
+
+@contextlib.contextmanager
+def cold_scheduler(path, tmp_path_factory, chunk: int = 2048):
+    """The reference for runs under test: no prefix cache, no overlap, each prompt (up to `chunk`
+    tokens) prefilled in one forward; drive it one request at a time for a cold run of each."""
+    s = make_scheduler(path, tmp_path_factory, False, chunk=chunk, disable_radix_cache=True,
+                       disable_overlap_schedule=True)  # fmt: skip
+    try:
+        yield s
+    finally:
+        close_scheduler(s)
 
 
 @pytest.fixture(scope="module")

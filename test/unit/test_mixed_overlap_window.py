@@ -15,7 +15,7 @@ from __future__ import annotations
 import pytest
 
 from .helpers import close_scheduler, random_prompt
-from .test_mixed_chunk import make_scheduler
+from .test_mixed_chunk import cold_scheduler, make_scheduler
 from .test_mixed_overlap import assert_same_logprobs, drive, run_both
 
 WINDOW, EXTENT = 512, 1024  # inkling-tiny-w512's sliding window and relative-position extent
@@ -44,11 +44,8 @@ def pair(w512_path, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def cold(w512_path, tmp_path_factory):
-    """One request at a time, no prefix cache, each prompt prefilled in one forward, synchronous."""
-    s = make_scheduler(w512_path, tmp_path_factory, False, chunk=2048, disable_radix_cache=True,
-                       disable_overlap_schedule=True)  # fmt: skip
-    yield s
-    close_scheduler(s)
+    with cold_scheduler(w512_path, tmp_path_factory) as s:
+        yield s
 
 
 def cold_run(cold, kw: dict):

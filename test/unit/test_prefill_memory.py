@@ -14,7 +14,7 @@ import pytest
 from sgl_inkling.managers.scheduler_prefill import MIN_CHUNK_TOKENS
 
 from .helpers import close_scheduler, random_prompt
-from .test_mixed_chunk import make_scheduler
+from .test_mixed_chunk import cold_scheduler, make_scheduler
 from .test_mixed_overlap import assert_same_logprobs, drive
 
 CHUNK = 192
@@ -40,12 +40,8 @@ def w512_path():
 @pytest.fixture(scope="module")
 def cold(w512_path, tmp_path_factory):
     """Each request run alone: no prefix cache, its prompt prefilled in one forward, synchronous."""
-    s = make_scheduler(w512_path, tmp_path_factory, False, chunk=2048, disable_radix_cache=True,
-                       disable_overlap_schedule=True)  # fmt: skip
-    try:
+    with cold_scheduler(w512_path, tmp_path_factory) as s:
         yield {k["rid"]: drive(s, {0: [k]})[0] for kws in SCHEDULE.values() for k in kws}
-    finally:
-        close_scheduler(s)
 
 
 def room(s) -> int:
@@ -118,12 +114,8 @@ def test_a_lone_running_request_short_of_memory_retracts_the_partial_prefill(w51
     """One request decodes while a long prompt's chunks take the rest of the pool (1400 tokens: the
     two need 1624): when decode runs dry, the partial prefill is put back to wait, not the lone
     running request aborted ('out of KV memory'); both equal cold runs, the pools return to idle."""
-    cold = make_scheduler(w512_path, tmp_path_factory, False, chunk=2048, disable_radix_cache=True,
-                          disable_overlap_schedule=True)  # fmt: skip
-    try:
+    with cold_scheduler(w512_path, tmp_path_factory) as cold:
         want = {k["rid"]: drive(cold, {0: [k]})[0] for kws in LONE.values() for k in kws}
-    finally:
-        close_scheduler(cold)
     kw = dict(max_total_tokens=1400) if mixed else dict(max_total_tokens=1400, disable_overlap_schedule=True)
     s = make_scheduler(w512_path, tmp_path_factory, mixed, chunk=CHUNK, **kw)
     try:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import pytest
 
 from .helpers import close_scheduler, random_prompt
-from .test_mixed_chunk import Recorder, make_scheduler, submit
+from .test_mixed_chunk import Recorder, cold_scheduler, make_scheduler, submit
 from .test_overlap_schedule import assert_idle_baseline
 
 WINDOW = 512  # inkling-tiny-w512's sliding window
@@ -59,10 +59,8 @@ def run(s, schedule: dict[int, list], squeeze_at: int | None = None):
 
 @pytest.fixture(scope="module")
 def cold(w512_path, tmp_path_factory):
-    s = make_scheduler(w512_path, tmp_path_factory, False, chunk=4096, disable_radix_cache=True,
-                       disable_overlap_schedule=True)  # fmt: skip
-    yield s
-    close_scheduler(s)
+    with cold_scheduler(w512_path, tmp_path_factory, chunk=4096) as s:
+        yield s
 
 
 def cold_tokens(cold, kw: dict) -> list[int]:
