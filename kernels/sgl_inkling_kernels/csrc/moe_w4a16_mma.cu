@@ -429,6 +429,40 @@ __device__ __forceinline__ void finish_tile(const Args& a, const Blocks& b, int 
 #ifndef MOE_ROW_RING  // super-stages of a per-warp ring that copies whole 128-byte row spans (0: off)
 #define MOE_ROW_RING 0
 #endif
+#ifndef MOE_BULK  // stages of a per-warp ring filled by bulk copies (cp.async.bulk, Hopper) of row spans (0: off)
+#define MOE_BULK 0
+#endif
+
+#if MOE_ROW_RING || MOE_BULK
+constexpr int kStageSpan = 2;  // chunks per stage of the row ring and the bulk ring
+
+// The row ring's and the bulk ring's loop over a routed tile: the CTA's warps take stages
+// (kStageSpan chunks) in turn, each keeping S - 1 in flight. The rings differ only in how a stage is
+// filled (issue(sp, st): stage sp into slot st; nothing past the last stage), how its landing is
+// awaited (wait(i, st): the warp's i-th stage, in slot st) and read back (read(st, c): chunk c).
+template <int S, int NT, class Issue, class Wait, class Read>
+__device__ __forceinline__ void staged_products(int n_chunks, int warp, int lane4, const __nv_bfloat16* const (&xrow)[NT],
+                                                const bool (&xok)[NT], float (&acc)[NT][4], float (&acc2)[NT][4],
+                                                Issue issue, Wait wait, Read read) {
+  const int n_stages = (n_chunks + kStageSpan - 1) / kStageSpan;
+#pragma unroll
+  for (int st = 0; st < S - 1; ++st) issue(warp + kWarps * st, st);
+  pdl_wait();  // the activations below come from the previous launch
+  uint32_t xnone[16] = {};
+  for (int i = 0; warp + kWarps * i < n_stages; ++i) {
+    const int sp = warp + kWarps * i, st = i % S;
+    wait(i, st);
+    const bool full = kStageSpan * sp + 1 < n_chunks;
+    const WChunk<true> c0 = read(st, 0);
+    WChunk<true> c1;
+    if (full) c1 = read(st, 1);
+    __syncwarp();  // every lane has read the stage before it is refilled
+    issue(sp + kWarps * (S - 1), (i + S - 1) % S);
+    compute_chunk<true, NT>(acc, acc2, c0, xrow, xok, kStageSpan * sp, lane4, xnone);
+    if (full) compute_chunk<true, NT>(acc, acc2, c1, xrow, xok, kStageSpan * sp + 1, lane4, xnone);
+  }
+}
+#endif
 
 #if MOE_ROW_RING
 // The row ring: a warp's stage is two adjacent chunks (K 256: 128 code bytes per row) of its tile's 16
@@ -438,8 +472,6 @@ __device__ __forceinline__ void finish_tile(const Args& a, const Blocks& b, int 
 // index is XOR-swizzled by a row bit so that the 8 lanes of each quarter-warp hit distinct banks.
 // An odd chunk count (e.g. I = 384 under TP 8) ends in a half stage; scale rows are then only 8-byte
 // aligned, so the scales come in 8-byte copies.
-constexpr int kRowSpan = 2;  // chunks per row-ring stage
-
 __device__ __forceinline__ int row_swz(int lr) { return ((lr ^ (lr >> 1)) & 1) << 2; }
 
 __device__ __forceinline__ void cp_async8(void* dst, const void* src) {
@@ -475,8 +507,8 @@ __device__ __forceinline__ WChunk<true> row_chunk(const uint4 (&ring)[kWarps][S]
   return w;
 }
 
-// A routed tile's products through the row ring: the CTA's warps take stages (2 chunks) in turn, each
-// keeping S - 1 stages in flight. codes / scales point at the tile's first row.
+// A routed tile's products through the row ring (staged_products). codes / scales point at the
+// tile's first row.
 template <int NT, bool UP>
 __device__ __forceinline__ void row_ring_products(const uint8_t* codes, int64_t s_cr, const uint8_t* scales,
                                                   int64_t s_sr, int n_chunks, int warp, int lane, int g, int lane4,
@@ -489,35 +521,20 @@ __device__ __forceinline__ void row_ring_products(const uint8_t* codes, int64_t 
   static_assert(S >= 2, "the row ring needs two stages");
   __shared__ uint4 ring[kWarps][S][16][8];
   __shared__ uint2 sc[kWarps][S][16][2];
-  const int n_stages = (n_chunks + kRowSpan - 1) / kRowSpan;
+  const int n_stages = (n_chunks + kStageSpan - 1) / kStageSpan;
   const int lr0 = UP ? 2 * g : g, lr1 = UP ? 2 * g + 1 : g + 8;
   auto issue = [&](int sp, int st) {
     if (sp < n_stages) row_fill<S>(ring, sc, warp, st, lane, codes, s_cr, scales, s_sr, sp, 2 * sp + 1 < n_chunks);
     cp_async_commit();
   };
-#pragma unroll
-  for (int st = 0; st < S - 1; ++st) issue(warp + kWarps * st, st);
-  pdl_wait();  // the activations below come from the previous launch
-  uint32_t xnone[16] = {};
-  for (int i = 0; warp + kWarps * i < n_stages; ++i) {
-    const int sp = warp + kWarps * i, st = i % S;
+  auto wait = [&](int, int) {
     cp_async_wait<S - 2>();
     __syncwarp();  // lanes read rows other lanes copied
-    const bool full = 2 * sp + 1 < n_chunks;
-    const WChunk<true> c0 = row_chunk<S>(ring, sc, warp, st, 0, lr0, lr1, lane4);
-    WChunk<true> c1;
-    if (full) c1 = row_chunk<S>(ring, sc, warp, st, 1, lr0, lr1, lane4);
-    __syncwarp();  // before the stage is refilled
-    issue(sp + kWarps * (S - 1), (i + S - 1) % S);
-    compute_chunk<true, NT>(acc, acc2, c0, xrow, xok, kRowSpan * sp, lane4, xnone);
-    if (full) compute_chunk<true, NT>(acc, acc2, c1, xrow, xok, kRowSpan * sp + 1, lane4, xnone);
-  }
+  };
+  auto read = [&](int st, int c) { return row_chunk<S>(ring, sc, warp, st, c, lr0, lr1, lane4); };
+  staged_products<S, NT>(n_chunks, warp, lane4, xrow, xok, acc, acc2, issue, wait, read);
   cp_async_wait<0>();
 }
-#endif
-
-#ifndef MOE_BULK  // stages of a per-warp ring filled by bulk copies (cp.async.bulk, Hopper) of row spans (0: off)
-#define MOE_BULK 0
 #endif
 
 #if MOE_BULK
@@ -542,7 +559,6 @@ __device__ __forceinline__ void row_ring_products(const uint8_t* codes, int64_t 
 // 16-byte units as the row ring does; instead the slot pitch (10 units) puts the two rows a
 // quarter-warp reads (2 apart for gate/up: 2g, 2g + 2; for down g, g + 1, placed 2 slots apart) on
 // complementary halves of the banks.
-constexpr int kBulkSpan = 2;      // chunks per stage
 constexpr int kBulkPitch = 160;   // bytes per row slot
 constexpr int kBulkStage = 16 * kBulkPitch;
 
@@ -618,8 +634,8 @@ __device__ __forceinline__ WChunk<true> bulk_chunk(const uint8_t* stage, int c, 
   return w;
 }
 
-// A routed tile's products through the bulk ring, in the row ring's order: the CTA's warps take
-// stages in turn, each keeping S - 1 in flight. codes / scales point at the tile's first row.
+// A routed tile's products through the bulk ring (staged_products). codes / scales point at the
+// tile's first row.
 template <int NT, bool UP>
 __device__ __forceinline__ void bulk_ring_products(const uint8_t* codes, int64_t s_cr, const uint8_t* scales,
                                                    int64_t s_sr, int n_chunks, int warp, int lane, int g, int lane4,
@@ -638,7 +654,7 @@ __device__ __forceinline__ void bulk_ring_products(const uint8_t* codes, int64_t
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");  // visible to the bulk unit
   }
   __syncwarp();
-  const int n_stages = (n_chunks + kBulkSpan - 1) / kBulkSpan;
+  const int n_stages = (n_chunks + kStageSpan - 1) / kStageSpan;
   const int lr0 = UP ? 2 * g : g, lr1 = UP ? 2 * g + 1 : g + 8;
   const int sh0 = static_cast<int>(reinterpret_cast<uintptr_t>(scales + lr0 * s_sr) & 15);
   const int sh1 = static_cast<int>(reinterpret_cast<uintptr_t>(scales + lr1 * s_sr) & 15);
@@ -646,22 +662,9 @@ __device__ __forceinline__ void bulk_ring_products(const uint8_t* codes, int64_t
     if (sp < n_stages)
       bulk_fill<UP>(ring[warp][st], &bar[warp][st], lane, codes, s_cr, scales, s_sr, sp, 2 * sp + 1 < n_chunks);
   };
-#pragma unroll
-  for (int st = 0; st < S - 1; ++st) issue(warp + kWarps * st, st);
-  pdl_wait();  // the activations below come from the previous launch
-  uint32_t xnone[16] = {};
-  for (int i = 0; warp + kWarps * i < n_stages; ++i) {
-    const int sp = warp + kWarps * i, st = i % S;
-    mbar_wait(&bar[warp][st], (i / S) & 1);  // the stage's (i / S)-th fill has landed
-    const bool full = 2 * sp + 1 < n_chunks;
-    const WChunk<true> c0 = bulk_chunk<UP>(ring[warp][st], 0, lr0, lr1, sh0, sh1, lane4);
-    WChunk<true> c1;
-    if (full) c1 = bulk_chunk<UP>(ring[warp][st], 1, lr0, lr1, sh0, sh1, lane4);
-    __syncwarp();  // every lane has read the stage before it is refilled
-    issue(sp + kWarps * (S - 1), (i + S - 1) % S);
-    compute_chunk<true, NT>(acc, acc2, c0, xrow, xok, kBulkSpan * sp, lane4, xnone);
-    if (full) compute_chunk<true, NT>(acc, acc2, c1, xrow, xok, kBulkSpan * sp + 1, lane4, xnone);
-  }
+  auto wait = [&](int i, int st) { mbar_wait(&bar[warp][st], (i / S) & 1); };  // its (i / S)-th fill landed
+  auto read = [&](int st, int c) { return bulk_chunk<UP>(ring[warp][st], c, lr0, lr1, sh0, sh1, lane4); };
+  staged_products<S, NT>(n_chunks, warp, lane4, xrow, xok, acc, acc2, issue, wait, read);
   // Every copy issued was waited for (a stage is filled only for a chunk this warp consumes), so none
   // is in flight when the CTA exits. The next tile initialises the same barriers again: PTX leaves
   // an init over a valid mbarrier undefined, so they are invalidated first, after every lane's
