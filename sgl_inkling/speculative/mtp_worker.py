@@ -181,12 +181,11 @@ class MTPWorker(DraftControl, GrammarDrafts, LaggingDepths):
             out = self.runner.forward(batch)
         logits = out.logits.view(b, r, -1)
         masked = self.verify_masks(reqs, logits)
+        # A sampled graph judged unmasked logits: sampling_inputs excluded batches with a grammar.
         judged = "sampled_graph" if sampled else "greedy_graph"
-        if sampled:
-            pass  # judged in the graph from the unmasked logits: no request here has a grammar
-        elif forced is None and not all(q.sampling_params.is_greedy for q in reqs):
+        if not sampled and forced is None and not all(q.sampling_params.is_greedy for q in reqs):
             acc, judged = sample_accept(logits, ids, [q.sampling_params for q in reqs], limits_t), "outside"
-        elif acc is None or masked:
+        elif not sampled and (acc is None or masked):
             acc, judged = greedy_accept(logits, ids, limits_t, forced_t), "outside"
         self.judged[judged] += 1
         return out, logits, acc
