@@ -11,7 +11,9 @@
 #      under the public per-depth curve at batch 1, 8, 64 (benchmark/mtp_adaptive.py), NVFP4 and BF16,
 #   5. the batch-1 draft step with and without a 32K draft vocabulary (profile_draft_step.py),
 #      the NVFP4 slice served through sglang.Engine (CUDA graphs, greedy repeat identical),
-#   6. if the time is left, the overlap scheduler: HTTP TPOT at concurrency 1 with and without it.
+#   6. if the time is left, the overlap scheduler: HTTP TPOT at concurrency 1 with and without it;
+#   on demand (not in the default STAGES): tests_new (GPU tests no GPU has run yet) and sched_profile
+#   (profile_scheduler_step.py: the serving decode step's host part at batch 64).
 # STAGES picks stages by name (see below). JSON goes to $OUT, the stage logs to $OUT/logs.tgz (at most
 # 8 files come back). The machine has no .git of this commit: pass GIT_COMMIT=<sha>.
 set -uo pipefail
@@ -64,7 +66,7 @@ fi
 if want tests_new; then
   before=$status status=0
   # shellcheck disable=SC2086
-  stage tests_new 150 "$PY" -m pytest -q -p no:cacheprovider ${NEW_GPU_TESTS:-test/gpu/test_mtp_sampled_graph.py
+  stage tests_new 240 "$PY" -m pytest -q --tb=short -p no:cacheprovider ${NEW_GPU_TESTS:-test/gpu/test_mtp_sampled_graph.py
     test/gpu/test_mtp_gpu.py test/gpu/test_mixed_chunk_gpu.py}
   status=$((before | status))
 fi
@@ -82,8 +84,9 @@ want bench_nvfp4 && stage bench_nvfp4 75 "$PY" benchmark/bench_one_batch.py "${C
   --result-file "$OUT/bench_one_batch_nvfp4_inkling-slice.json"
 want bench_nvfp4_mtp && stage bench_nvfp4_mtp 170 "$PY" benchmark/bench_one_batch.py "${COMMON[@]}" --batch-size 1 8 64 \
   --mtp --mtp-accept 2.5 4.5 --mtp-forced-only --decode-steps 8 --result-file "$OUT/bench_one_batch_mtp_nvfp4_inkling-slice.json"
-ADAPTIVE=(--config slice --batch-size 1 8 64 --mtp --mtp-adaptive-only --mtp-adaptive-warmup 40 --input-len 1024
-  --decode-steps 8 --warmup-steps 2 --prefill-repeats 1 --fast-path kernels --cuda-graph)
+ADAPTIVE=(--config slice --batch-size 1 8 64 --mtp --mtp-adaptive-only --mtp-adaptive-warmup 40 --mtp-adaptive-steps 64
+  --mtp-learn-steps 1000 --input-len 1024 --decode-steps 8 --warmup-steps 2 --prefill-repeats 1 --fast-path kernels
+  --cuda-graph)
 want mtp_adaptive_nvfp4 && stage mtp_adaptive_nvfp4 180 "$PY" benchmark/bench_one_batch.py "${ADAPTIVE[@]}" \
   --quantization modelopt_fp4 --moe-build "$MOE_BUILD" \
   --result-file "$OUT/bench_one_batch_mtp_adaptive_nvfp4_inkling-slice.json"
@@ -96,6 +99,9 @@ if want draft_map; then
   stage draft_step_map 60 "$PY" benchmark/profile_draft_step.py --batch-size 1 --accept 4 --token-map-size 32768 \
     --out "$OUT/profile_draft_step_inkling-slice_bs1_map32k.json"
 fi
+# The serving decode step's host part at batch 64 (NVFP4 slice, 1K-token prompts) against its graph replay.
+want sched_profile && stage sched_profile 120 "$PY" benchmark/profile_scheduler_step.py --batch-size 64 \
+  --input-len 1024 --quantization modelopt_fp4 --out "$OUT/profile_scheduler_step_inkling-slice-nvfp4_bs64.json"
 want serve_nvfp4 && stage serve_nvfp4 50 "$PY" benchmark/gpu_nvfp4_serve_check.py "$OUT/gpu_nvfp4_serve_check.json"
 # The overlap check runs only with the time it needs left of the call's budget (BUDGET_S seconds in all).
 left=$((${BUDGET_S:-575} - (SECONDS - START)))

@@ -69,7 +69,7 @@ class ServerArgs:
     max_total_tokens: int | None = None
     chunked_prefill_size: int | None = None  # None: 8192 on cuda, 512 on cpu; -1: no chunking
     max_prefill_tokens: int = 16384
-    enable_mixed_chunk: bool | None = None  # None: off (as upstream); decode tokens ride on prefill chunks
+    enable_mixed_chunk: bool | None = None  # None: on on cuda (measured faster), off on cpu and with MTP
     schedule_policy: str = "lpm"  # longest cached prefix first when the queue is long (aging prevents starvation)
     disable_radix_cache: bool = False
     sconv_checkpoint_interval: int | None = None  # None: DEFAULT_SCONV_CHECKPOINT_INTERVAL
@@ -175,7 +175,8 @@ class ServerArgs:
         g.add_argument("--enable-mixed-chunk", action=argparse.BooleanOptionalAction, default=d.enable_mixed_chunk,
                        help="A step that prefills a chunk also decodes one token of every running request "
                             "(within --chunked-prefill-size); mixed steps overlap as decode steps do unless "
-                            "--disable-overlap-schedule. Default: off, as upstream; refused with MTP.")
+                            "--disable-overlap-schedule. Default: on on cuda (faster at every concurrency measured on "
+                            "the H200), off on cpu; off with MTP, refused when asked for.")
         g.add_argument("--schedule-policy", choices=SCHEDULE_POLICIES, default=d.schedule_policy,
                        help="fcfs: arrival order; lpm: longest cached prefix first.")
         g.add_argument("--disable-radix-cache", action="store_true")
@@ -340,7 +341,9 @@ class ServerArgs:
                                              "a prefill chunk cannot carry; leave it unset (off with MTP)")
             self.enable_mixed_chunk = False
         elif self.enable_mixed_chunk is None:
-            self.enable_mixed_chunk = False
+            # On the H200 (NVFP4 slice, 8K in / 1K out, overlapped) mixed steps served 1,784 tok/s at
+            # concurrency 64 against 1,599 without, and 3,002 against 2,588 at 16; the CPU is unmeasured.
+            self.enable_mixed_chunk = self.resolved_device() == "cuda"
 
         on_cuda = self.resolved_device() == "cuda"
         if self.attention_backend is None:

@@ -70,6 +70,7 @@ class Scheduler(OverlapDecodeMixin, SamplingMixin, PrefillMixin, SpecDecodeMixin
                 self.grammar,
                 adaptive=server_args.speculative_adaptive,
                 token_map=load_token_map(path, model.cfg.unpadded_vocab_size) if path else None,
+                capture=False,  # below, once the prefix cache's checkpoints are allocated
             )
         chunk = server_args.chunked_prefill_size
         self.chunk_budget = chunk if chunk and chunk > 0 else server_args.max_prefill_tokens
@@ -83,6 +84,8 @@ class Scheduler(OverlapDecodeMixin, SamplingMixin, PrefillMixin, SpecDecodeMixin
             num_checkpoints=sizes.num_checkpoints,
             interval=sizes.checkpoint_interval,
         )
+        if self.spec is not None:  # its graphs take what is left after every pool
+            self.spec.capture_graphs()
         self.policy = SchedulePolicy(server_args.schedule_policy, self.kv.radix)
         self.sampler = Sampler(server_args.random_seed, return_original_logprob=True)
         self.waiting: deque[Req] = deque()

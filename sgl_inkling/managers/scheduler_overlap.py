@@ -143,20 +143,20 @@ class OverlapDecodeMixin:
     def _decode_forward(self, input_ids: Callable[[list[Req]], torch.Tensor | list[list[int]]]):
         """Allocate one KV slot per running request and run (on a GPU: queue) the decode forward."""
         reqs = self.step_reqs = list(self.running)
-        locs = [self.kv.alloc(r, 1) for r in reqs]
+        full, swa = self.kv.alloc_each(reqs)  # the callers made room for one token each
         self.step_allocs = dict.fromkeys(reqs, 1)
         fb = ForwardBatch.build(
             ForwardMode.DECODE,
             input_ids(reqs),
             [r.row for r in reqs],
             [r.kv_len for r in reqs],
-            [int(f) for f, _ in locs],
-            [int(s) for _, s in locs],
+            full.tolist(),
+            swa.tolist(),
             self.runner.device,
         )
         logits = self.runner.forward(fb).logits
         self.step_allocs = {}
         for r in reqs:
             r.kv_len += 1
-            self.kv.release_window(r)
+        self.kv.release_windows(reqs)
         return reqs, logits

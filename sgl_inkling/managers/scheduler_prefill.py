@@ -99,7 +99,8 @@ class PrefillMixin:
         if not batch:
             self.step_reqs = []
             return False
-        riders = [(r, 1, self.kv.alloc(r, 1)) for r in decode]  # reserved above: cannot fail
+        full, swa = self.kv.alloc_each(decode) if decode else (None, None)  # reserved above: cannot fail
+        riders = [(r, 1, (full[i : i + 1], swa[i : i + 1])) for i, r in enumerate(decode)]
         self.step_allocs.update(dict.fromkeys(decode, 1))
         self.step_reqs = [r for r, _, _ in batch] + decode
         scheduled = {id(r) for r, _, _ in batch}
@@ -180,7 +181,7 @@ class PrefillMixin:
         for req in decoders:  # as a decode step: the token is in, the window slides, nothing is cached
             req.kv_len += 1
             self.step_allocs.pop(req, None)
-            self.kv.release_window(req)
+        self.kv.release_windows(decoders)
         if decoders:
             self.mixed_counts["num_mixed_steps"] += 1
             self.mixed_counts["num_mixed_decode_tokens"] += len(decoders)

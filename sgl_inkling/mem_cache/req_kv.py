@@ -141,6 +141,19 @@ class ReqKVManager:
         self.rows.write("swa", req.row, req.kv_len, swa)
         return full, swa
 
+    def alloc_each(self, reqs: list[Req]) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """One slot per request at its kv_len (a decode step): full and sliding slots [len(reqs)],
+        recorded in the tables with one write each for the whole batch."""
+        n = len(reqs)
+        if not self.ensure(n, n):
+            return None
+        full, swa = self.full.alloc(n), self.swa.alloc(n)
+        rows = torch.tensor([r.row for r in reqs], dtype=torch.int64)
+        positions = torch.tensor([r.kv_len for r in reqs], dtype=torch.int64)
+        self.rows.write_points("full", rows, positions, full)
+        self.rows.write_points("swa", rows, positions, swa)
+        return full, swa
+
     def reserve(self, req: Req, n: int) -> bool:
         """Hold slots for tokens [kv_len, kv_len + n) (MTP: the tokens the next verify consumes),
         keeping those already held."""
@@ -157,12 +170,23 @@ class ReqKVManager:
 
     def release_window(self, req: Req) -> None:
         """Free the request's own sliding KV that no future query can see (older than the window)."""
-        lo = max(req.swa_released, req.owned)
-        hi = max(0, req.kv_len - self.window + 1)
-        if hi > lo:
-            self.swa.free(self.rows.read("swa", req.row, lo, hi))
-            self.rows.write("swa", req.row, lo, torch.zeros(hi - lo, dtype=torch.int64))
-        req.swa_released = max(req.swa_released, hi)
+        self.release_windows([req])
+
+    def release_windows(self, reqs: list[Req]) -> None:
+        """release_window for a batch: one free and one table write for all of them (a decode step
+        slides every request's window by one slot)."""
+        rows, positions = [], []
+        for req in reqs:
+            lo = max(req.swa_released, req.owned)
+            hi = max(0, req.kv_len - self.window + 1)
+            if hi > lo:
+                rows += [req.row] * (hi - lo)
+                positions += range(lo, hi)
+            req.swa_released = max(req.swa_released, hi)
+        if rows:
+            rows_t, positions_t = torch.tensor(rows, dtype=torch.int64), torch.tensor(positions, dtype=torch.int64)
+            self.swa.free(self.rows.read_points("swa", rows_t, positions_t))
+            self.rows.write_points("swa", rows_t, positions_t, torch.zeros_like(rows_t))
 
     # ---------------------------------------------------------------- prefix cache
 

@@ -19,6 +19,8 @@ A step for which the adaptive chooser picks no drafts is a plain decode step ins
 
 from __future__ import annotations
 
+import logging
+
 import torch
 
 from sgl_inkling.managers.schedule_batch import Req
@@ -32,6 +34,8 @@ from sgl_inkling.speculative.grammar_drafts import GrammarDrafts
 from sgl_inkling.speculative.lagging import LaggingDepths
 from sgl_inkling.speculative.levels import DepthChain, LevelSeq
 
+logger = logging.getLogger(__name__)
+
 
 class MTPWorker(DraftControl, GrammarDrafts, LaggingDepths):
     def __init__(
@@ -41,6 +45,7 @@ class MTPWorker(DraftControl, GrammarDrafts, LaggingDepths):
         grammar_backend=None,
         adaptive: bool = False,
         token_map: torch.Tensor | None = None,  # draft vocabulary (--speculative-token-map)
+        capture: bool = True,  # False: the caller allocates its pools first, then calls capture_graphs
     ):
         model = runner.model
         depths = model.num_mtp_layers
@@ -74,29 +79,43 @@ class MTPWorker(DraftControl, GrammarDrafts, LaggingDepths):
         self.fixed_shapes = False
         # Adaptive: each step drafts the k in 0..K that the measured costs and acceptance favour.
         self._init_draft_control(num_steps, adaptive)
-        # Verify widths (k + 1 tokens per request) that replay from graphs: all of them when adaptive.
-        widths = range(num_steps + 1, 0, -1) if adaptive else [num_steps + 1]
-        if runner.graphs is not None:  # CUDA graphs on: verify and draft steps replay per batch bucket too
-            from sgl_inkling.speculative.draft_graphs import DraftGraphRunner
-            from sgl_inkling.speculative.verify_graphs import VerifyGraphRunner, graph_max_bs
-            from sgl_inkling.speculative.verify_graphs import sampled_graph_max_bs as sampled_max
-
-            free = torch.cuda.mem_get_info(runner.device)[0]
-            max_bs = graph_max_bs(runner, num_steps + 1, free)  # larger batches verify and draft eagerly
-            sampled_bs = sampled_max(runner, num_steps + 1, max_bs, free)  # above: judged outside
-            graph_pool = torch.cuda.graph_pool_handle()  # one pool: a step's graphs run one after another
-            self.verify_graphs = {r: VerifyGraphRunner(runner, r, self.trunk_capture, max_bs, graph_pool,
-                                                       sampled_max_bs=sampled_bs) for r in widths}  # fmt: skip
-            self.draft_graphs = DraftGraphRunner(self.step, max_bs, [r - 1 for r in widths], graph_pool,
-                                                 masks=grammar_backend is not None)  # fmt: skip
-            self.fixed_shapes = True
         self.num_verify_steps = 0
         self.num_verify_tokens = 0  # tokens emitted by verify steps (accepted drafts + one each)
         self.num_fixed_shape_steps = 0  # draft steps DraftStep ran (the rest ran DepthChain)
         # Verify steps by where their acceptance was judged: the greedy or sampled rule in the verify
         # graph (eager on its static buffers without CUDA), or outside it (grammar, larger batches...).
         self.judged = {"greedy_graph": 0, "sampled_graph": 0, "outside": 0}
-        if adaptive:
+        if capture:
+            self.capture_graphs()
+
+    def capture_graphs(self) -> None:
+        """Capture the verify and draft graphs (when the runner has CUDA graphs) and, adaptive,
+        measure the step costs from them. The scheduler calls this once every pool is allocated
+        (the prefix cache's checkpoints hold the depths' carried state, so they come after
+        __init__): the graphs are sized from the memory really left (graph_max_bs), not from
+        memory a pool is about to take."""
+        runner, num_steps = self.runner, self.num_steps
+        # Verify widths (k + 1 tokens per request) that replay from graphs: all of them when adaptive.
+        widths = range(num_steps + 1, 0, -1) if self.adaptive else [num_steps + 1]
+        if runner.graphs is not None:  # CUDA graphs on: verify and draft steps replay per batch bucket too
+            from sgl_inkling.speculative.draft_graphs import DraftGraphRunner
+            from sgl_inkling.speculative.verify_graphs import VerifyGraphRunner, graph_max_bs
+            from sgl_inkling.speculative.verify_graphs import sampled_graph_max_bs as sampled_max
+
+            free = torch.cuda.mem_get_info(runner.device)[0]
+            max_bs = graph_max_bs(runner, widths, free)  # larger batches verify and draft eagerly
+            sampled_bs = sampled_max(runner, widths, max_bs, free)  # above: judged outside
+            if max_bs == 0:
+                logger.warning("MTP: %.1f GiB free after the pools: verify and draft steps run without CUDA graphs "
+                               "(lower --mem-fraction-static to leave room for them)", free / 2**30)  # fmt: skip
+            else:
+                graph_pool = torch.cuda.graph_pool_handle()  # one pool: a step's graphs run one after another
+                self.verify_graphs = {r: VerifyGraphRunner(runner, r, self.trunk_capture, max_bs, graph_pool,
+                                                           sampled_max_bs=sampled_bs) for r in widths}  # fmt: skip
+                self.draft_graphs = DraftGraphRunner(self.step, max_bs, [r - 1 for r in widths], graph_pool,
+                                                     masks=self.grammar is not None)  # fmt: skip
+                self.fixed_shapes = True
+        if self.adaptive:
             from sgl_inkling.speculative.step_costs import measure_step_costs
 
             if self.verify_graphs:

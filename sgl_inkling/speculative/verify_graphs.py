@@ -43,39 +43,50 @@ _SAMPLING = {"temperatures": (torch.float32, 1.0), "top_ks": (torch.int64, None)
 assert tuple(_SAMPLING) == RowParams.FIELDS
 
 
-# Share of the device memory free at capture time that the widest verify's logits may take (the
-# rest: the draft graphs, activations, and what serving allocates later).
+# Share of the device memory free at capture time (every pool already allocated) that the verify
+# graphs' logits may take; the rest: the draft graphs, activations, and what serving allocates later.
 LOGITS_MEMORY_SHARE = 0.5
-KNOWN_GOOD_BS = 64  # captured on the H200 slice with its pools sized by default (one shared pool)
-
-
-def graph_max_bs(runner, tokens_per_req: int, free_bytes: int | None = None) -> int:
-    """The largest speculative batch replayed from graphs: the decode graphs' (--cuda-graph-max-bs),
-    cut to what memory allows above KNOWN_GOOD_BS. The graphs share one pool whose size the largest
-    bucket sets; its widest verify keeps tokens_per_req x vocabulary logits per request (bf16, plus
-    an fp32 temporary of the same shape counted as headroom)."""
-    cap = runner.graphs.buckets[-1]
-    if free_bytes is None:
-        free_bytes = torch.cuda.mem_get_info(runner.device)[0]
-    per_req = tokens_per_req * runner.model.cfg.vocab_size * (2 + 4)
-    fits = int(LOGITS_MEMORY_SHARE * free_bytes) // per_req
-    return min(cap, max(KNOWN_GOOD_BS, fits))
-
-
 # The sampled rule's peak per logit: the trunk graph's float32 logits, the rule's probabilities and
 # its noise (acceptance.sampled_accept), alive together.
 SAMPLED_BYTES_PER_LOGIT = 4 + 4 + 4
 
 
-def sampled_graph_max_bs(runner, tokens_per_req: int, max_bs: int, free_bytes: int | None = None) -> int:
-    """The largest batch whose sampled verify replays from a graph (0: none): the buckets up to
-    max_bs (graph_max_bs) whose sampled rule, tokens_per_req x vocabulary x SAMPLED_BYTES_PER_LOGIT
-    per request (9 x 201K x 12 B = 21.7 MB for MTP8 on Inkling), fits the logits' share of the free
-    memory. Larger sampled batches replay the greedy graph and judge outside it, as before."""
+def kept_logits_bytes(runner, widths, max_bs: int) -> int:
+    """Bytes of logits the verify graphs keep alive with buckets up to max_bs: every (width,
+    bucket) graph holds its own outputs (bucket x width x vocabulary at the model's dtype) between
+    replays, so they add up over widths and buckets; only the captures' temporaries share the pool."""
+    vocab, item = runner.model.cfg.vocab_size, torch.empty((), dtype=runner.dtype).element_size()
+    return sum(buckets_up_to(max_bs)) * sum(widths) * vocab * item if max_bs > 0 else 0
+
+
+def graph_max_bs(runner, widths, free_bytes: int | None = None) -> int:
+    """The largest speculative batch replayed from graphs (0: none): the decode graphs' largest
+    bucket (--cuda-graph-max-bs), cut to the largest bucket whose verify graphs' kept logits over
+    all `widths` (kept_logits_bytes), plus the widest verify's float32 logits as headroom for the
+    captures' temporaries, fit LOGITS_MEMORY_SHARE of the free memory. Larger batches verify and
+    draft eagerly."""
     if free_bytes is None:
         free_bytes = torch.cuda.mem_get_info(runner.device)[0]
-    per_req = tokens_per_req * runner.model.cfg.vocab_size * SAMPLED_BYTES_PER_LOGIT
-    return min(max_bs, int(LOGITS_MEMORY_SHARE * free_bytes) // per_req)
+    room, vocab = LOGITS_MEMORY_SHARE * free_bytes, runner.model.cfg.vocab_size
+    best = 0
+    for bs in buckets_up_to(runner.graphs.buckets[-1]):
+        if kept_logits_bytes(runner, widths, bs) + bs * max(widths) * vocab * 4 > room:
+            break
+        best = bs
+    return best
+
+
+def sampled_graph_max_bs(runner, widths, max_bs: int, free_bytes: int | None = None) -> int:
+    """The largest batch whose sampled verify replays from a graph (0: none): at most max_bs
+    (graph_max_bs), and the sampled rule's temporaries, widest verify x vocabulary x
+    SAMPLED_BYTES_PER_LOGIT per request (9 x 201K x 12 B = 21.7 MB for MTP8 on Inkling), must fit
+    the logits' share of the free memory beside what the greedy graphs keep. Larger sampled
+    batches replay the greedy graph and are judged outside it, as before."""
+    if free_bytes is None:
+        free_bytes = torch.cuda.mem_get_info(runner.device)[0]
+    room = LOGITS_MEMORY_SHARE * free_bytes - kept_logits_bytes(runner, widths, max_bs)
+    per_req = max(widths) * runner.model.cfg.vocab_size * SAMPLED_BYTES_PER_LOGIT
+    return max(0, min(max_bs, int(room // per_req)))
 
 
 class VerifyGraphRunner:

@@ -9,6 +9,7 @@ import contextlib
 import re
 
 import pytest
+import torch
 
 from sgl_inkling.constrained import GrammarSpec, formats
 from sgl_inkling.managers.io_struct import TokenizedGenerateReq
@@ -220,9 +221,16 @@ def test_aborts_mid_prefill_and_mid_decode(pair):
     assert recs[0].tokens["keep"] == recs[1].tokens["keep"] and recs[0].tokens["tail"] == recs[1].tokens["tail"]
 
 
-def test_mixed_chunk_flag():
+def test_mixed_chunk_flag(monkeypatch):
     plain = parse_server_args(["--device", "cpu"])
-    assert plain.enable_mixed_chunk is False and not plain.disable_overlap_schedule  # off by default, as upstream
+    assert plain.enable_mixed_chunk is False and not plain.disable_overlap_schedule  # off by default on cpu
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # only the defaults are looked at
+    cuda = ServerArgs(device="cuda")
+    cuda.check()
+    assert cuda.enable_mixed_chunk is True  # on by default where it was measured faster
+    cuda_mtp = ServerArgs(device="cuda", speculative_algorithm="MTP")
+    cuda_mtp.check()
+    assert cuda_mtp.enable_mixed_chunk is False
     assert parse_server_args(["--device", "cpu", "--enable-mixed-chunk"]).enable_mixed_chunk is True
     assert parse_server_args(["--device", "cpu", "--no-enable-mixed-chunk"]).enable_mixed_chunk is False
     mtp = ServerArgs(device="cpu", speculative_algorithm="MTP")

@@ -125,20 +125,51 @@ def test_adaptive_and_token_map_flags(monkeypatch):
         parse_server_args(["--model-path", "x", "--speculative-token-map", "hot.pt"])  # needs MTP
 
 
-def test_speculative_graph_batches_follow_cuda_graph_max_bs_where_memory_allows():
+def _graph_runner(cap: int, vocab: int = 1000, dtype=torch.bfloat16):
     from types import SimpleNamespace
 
-    from sgl_inkling.speculative.verify_graphs import LOGITS_MEMORY_SHARE, graph_max_bs
+    from sgl_inkling.model_executor.cuda_graph_runner import buckets_up_to
 
-    def runner(cap: int):
-        return SimpleNamespace(graphs=SimpleNamespace(buckets=[1, 8, cap]), model=SimpleNamespace(cfg=SimpleNamespace(vocab_size=1000)))
+    cfg = SimpleNamespace(vocab_size=vocab)
+    return SimpleNamespace(graphs=SimpleNamespace(buckets=buckets_up_to(cap)), model=SimpleNamespace(cfg=cfg), dtype=dtype)
 
-    per_req = 9 * 1000 * 6  # 9 verify tokens of bf16 logits plus an fp32 temporary
-    room = lambda bs: int(bs * per_req / LOGITS_MEMORY_SHARE)  # noqa: E731
-    assert graph_max_bs(runner(256), 9, room(300)) == 256  # --cuda-graph-max-bs when it fits
-    assert graph_max_bs(runner(256), 9, room(100)) == 100  # else what fits
-    assert graph_max_bs(runner(256), 9, room(3)) == 64  # never below what the H200 slice captured
-    assert graph_max_bs(runner(32), 9, room(300)) == 32
+
+def _kept_by_brute_force(widths, buckets, vocab: int, item: int) -> int:
+    """What the captured verify graphs hold between replays: each (width, bucket) graph its own
+    bucket x width logits rows."""
+    return sum(b * w * vocab * item for w in widths for b in buckets)
+
+
+@pytest.mark.parametrize("dtype,item", [(torch.bfloat16, 2), (torch.float32, 4)])
+def test_speculative_graph_batches_follow_cuda_graph_max_bs_where_memory_allows(dtype, item):
+    """graph_max_bs counts the logits every (width, bucket) verify graph keeps alive (adaptive MTP8
+    captures 9 widths: 45 rows of logits per request of every bucket, not 9 of the largest), so a
+    model whose free memory held 128 of them by the old count is cut to what really fits."""
+    from sgl_inkling.model_executor.cuda_graph_runner import buckets_up_to
+    from sgl_inkling.speculative.verify_graphs import LOGITS_MEMORY_SHARE, graph_max_bs, kept_logits_bytes
+
+    vocab, adaptive, fixed = 1000, range(9, 0, -1), [9]
+    for widths in (adaptive, fixed):
+        for cap in (32, 128, 256):
+            runner = _graph_runner(cap, vocab, dtype)
+            for bs in buckets_up_to(cap):
+                assert kept_logits_bytes(runner, widths, bs) == _kept_by_brute_force(widths, buckets_up_to(bs), vocab, item)
+
+            def need(bs, widths=widths):  # kept logits plus the widest verify's fp32 logits as capture headroom
+                return _kept_by_brute_force(widths, buckets_up_to(bs), vocab, item) + bs * max(widths) * vocab * 4
+
+            for free_for in (1, 8, 60, 100, 128, 300):
+                free = int(need(free_for) / LOGITS_MEMORY_SHARE) + 1
+                got = graph_max_bs(runner, widths, free)
+                fitting = [b for b in buckets_up_to(cap) if need(b) <= LOGITS_MEMORY_SHARE * free]
+                assert got == (fitting[-1] if fitting else 0), (list(widths), cap, free_for, got)
+                assert got <= cap and (got == 0 or need(got) <= LOGITS_MEMORY_SHARE * free)
+    assert graph_max_bs(_graph_runner(256), adaptive, 0) == 0  # no room: no graphs (eager verify)
+    # The OOM this replaced: tiny-draftable in float32 on an H200 (about 21 GiB left after the pools),
+    # cuda-graph-max-bs 128, adaptive MTP8 over a 201,024-token vocabulary kept 25.7 GB of logits.
+    big = _graph_runner(128, 201_024, torch.float32)
+    assert kept_logits_bytes(big, adaptive, 128) > 25e9
+    assert 0 < graph_max_bs(big, adaptive, 21 * 2**30) < 128
 
 
 def _control(costs: list[float]):

@@ -191,14 +191,20 @@ def test_static_buffer_sampled_step_keeps_the_distribution():
 
 
 def test_sampled_graphs_cover_the_buckets_whose_temporaries_fit():
-    """sampled_graph_max_bs: a pure function of the free bytes, at most the greedy graphs' batch."""
-    runner = SimpleNamespace(model=SimpleNamespace(cfg=SimpleNamespace(vocab_size=1000)))
+    """sampled_graph_max_bs: a pure function of the free bytes beside what the greedy graphs keep,
+    at most the greedy graphs' batch."""
+    from sgl_inkling.speculative.verify_graphs import kept_logits_bytes
+
+    runner = SimpleNamespace(model=SimpleNamespace(cfg=SimpleNamespace(vocab_size=1000)), dtype=torch.bfloat16)
+    widths = range(9, 0, -1)
     per_req = 9 * 1000 * SAMPLED_BYTES_PER_LOGIT
     assert SAMPLED_BYTES_PER_LOGIT == 12  # float32 logits + probabilities + noise
-    room = lambda bs: int(bs * per_req / LOGITS_MEMORY_SHARE) + 1  # noqa: E731
-    assert sampled_graph_max_bs(runner, 9, 64, room(40)) == 40
-    assert sampled_graph_max_bs(runner, 9, 64, room(500)) == 64
-    assert sampled_graph_max_bs(runner, 9, 64, room(0)) == 0
+    kept = kept_logits_bytes(runner, widths, 64)
+    room = lambda bs: int((kept + bs * per_req) / LOGITS_MEMORY_SHARE) + 1  # noqa: E731
+    assert sampled_graph_max_bs(runner, widths, 64, room(40)) == 40
+    assert sampled_graph_max_bs(runner, widths, 64, room(500)) == 64
+    assert sampled_graph_max_bs(runner, widths, 64, room(0)) == 0
+    assert sampled_graph_max_bs(runner, widths, 64, 0) == 0  # the greedy graphs took it all
     vg = VerifyGraphRunner(FakeRunner(3000), 9, {}, 64, graphs=False, sampled_max_bs=40)
     assert vg.sampled_buckets[-1] <= 40 and vg.buckets[-1] == 64
     plain = params_of([{"temperature": 0.7}] * vg.sampled_buckets[-1])

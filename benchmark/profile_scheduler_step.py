@@ -1,0 +1,139 @@
+"""Where a serving decode step's time goes on the host: the Scheduler run in this process (its own
+event-loop step, sampling, commits and outputs; no HTTP) over a batch of running requests, timed per
+step against the same batch's CUDA-graph replay alone, with a cProfile of the steps.
+
+    python benchmark/profile_scheduler_step.py --batch-size 64 --input-len 1024 \
+        --out benchmark/results/profile_scheduler_step_inkling-slice-nvfp4_bs64.json \
+        [--quantization modelopt_fp4]   # inkling-slice, dummy weights
+
+At batch 64 the server's median inter-token latency was 14.45 ms against a 9.98 ms graph step
+(gpu_serving.sh at f49cebb): with overlap scheduling the host's part of a step is hidden only while
+it is shorter than the device's, so the step time here is max(host, device), and the profile says
+which host work makes up the difference. Outputs go to a bound PULL socket drained every step, as
+the detokenizer would.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import json
+import pstats
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+import zmq
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "kernels")]
+
+from benchmark.bench_one_batch import git_commit  # noqa: E402
+from benchmark.slice_dir import write_slice_dir  # noqa: E402
+from sgl_inkling.managers.io_struct import TokenizedGenerateReq  # noqa: E402
+from sgl_inkling.managers.scheduler import Scheduler  # noqa: E402
+from sgl_inkling.sampling.sampling_params import SamplingParams  # noqa: E402
+from sgl_inkling.server_args import ServerArgs  # noqa: E402
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model-path", default=None, help="default: inkling-slice (dummy weights)")
+    ap.add_argument("--batch-size", type=int, default=64)
+    ap.add_argument("--input-len", type=int, default=1024)
+    ap.add_argument("--steps", type=int, default=100)
+    ap.add_argument("--quantization", default=None)
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--out", default=None)
+    a = ap.parse_args()
+    path = a.model_path or str(write_slice_dir())
+    args = ServerArgs(model_path=path, device=a.device, quantization=a.quantization, random_seed=0,
+                      load_format="dummy" if a.model_path is None else "auto",
+                      max_running_requests=max(a.batch_size, 1), cuda_graph_max_bs=max(a.batch_size, 1))  # fmt: skip
+    args.check()
+    d = tempfile.mkdtemp()
+    out = zmq.Context.instance().socket(zmq.PULL)
+    out.bind(f"ipc://{d}/out")
+    s = Scheduler(args, path, f"ipc://{d}/in", f"ipc://{d}/out")
+    sync = torch.cuda.synchronize if s.runner.device.type == "cuda" else (lambda: None)
+
+    def drain() -> None:
+        while out.poll(0):
+            out.recv()
+
+    def step() -> None:
+        s.step()
+        s.flush_outbox()
+        drain()
+
+    g = torch.Generator().manual_seed(0)
+    total = a.steps + 20
+    for i in range(a.batch_size):
+        ids = torch.randint(0, 199_990, (a.input_len,), generator=g).tolist()
+        sp = SamplingParams.from_dict({"ignore_eos": True, "temperature": 0, "max_new_tokens": total})
+        s.handle(TokenizedGenerateReq(rid=f"r{i}", input_ids=ids, sampling_params=sp))
+    while s.waiting or s.partial or len(s.running) < a.batch_size:
+        step()
+    for _ in range(10):  # warm: every request decoding, the pending step in flight
+        step()
+    sync()
+    times = []
+    for _ in range(a.steps // 2):
+        t = time.perf_counter()
+        step()
+        times.append((time.perf_counter() - t) * 1e3)
+    sync()
+    prof = cProfile.Profile()
+    prof.enable()
+    t = time.perf_counter()
+    for _ in range(a.steps // 2):
+        step()
+    sync()
+    prof_ms = (time.perf_counter() - t) * 1e3 / (a.steps // 2)
+    prof.disable()
+    # The device's part alone: the same batch's decode graph replayed back to back.
+    graph_ms = None
+    if s.runner.graphs is not None:
+        bucket = s.runner.graphs.graphs[min(b for b in s.runner.graphs.graphs if b >= a.batch_size)]
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        bucket.replay()
+        start.record()
+        for _ in range(20):
+            bucket.replay()
+        end.record()
+        sync()
+        graph_ms = start.elapsed_time(end) / 20
+    buf = io.StringIO()
+    st = pstats.Stats(prof, stream=buf)
+    st.sort_stats("tottime").print_stats(30)
+    st.sort_stats("cumtime").print_stats("sgl_inkling", 30)
+    commit, dirty = git_commit()
+    report = {
+        "benchmark": "profile_scheduler_step",
+        "git_commit": commit,
+        "git_dirty": dirty,
+        "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+        "model": path,
+        "quantization": a.quantization,
+        "batch_size": a.batch_size,
+        "input_len": a.input_len,
+        "running": len(s.running),
+        "overlap": s.overlap,
+        "step_ms_median": statistics.median(times),
+        "step_ms_mean": statistics.fmean(times),
+        "step_ms_profiled": prof_ms,
+        "graph_replay_ms": graph_ms,
+        "profile": buf.getvalue(),
+    }
+    print(buf.getvalue()[:6000])
+    print(json.dumps({k: v for k, v in report.items() if k != "profile"}, indent=1))
+    if a.out:
+        Path(a.out).write_text(json.dumps(report, indent=1))
+
+
+if __name__ == "__main__":
+    main()
