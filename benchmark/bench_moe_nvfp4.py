@@ -88,9 +88,10 @@ def read_tbs() -> float:
 CUDA_FIELDS = [f.name for f in dataclasses.fields(CudaTiles)]
 CUDA_SPEC = "c:" + ",".join(CUDA_FIELDS)
 # A c: spec names every CudaTiles field, so that a spec written for another field list fails instead
-# of shifting its values into other fields. The 13th field was persist until it was removed; bulk
-# took its place, so a spec of before means the same build with persist=0 and is refused with 1.
-_OLD_LENGTHS = {13: "a spec of before bulk was added: insert its 0 before row_ring"}
+# of shifting its values into other fields. The 13th of 14 fields was bulk (before it, persist) until
+# it was removed: a 14-field spec with it 0 is the same build without it. The 13-field specs of before
+# bulk was added name the fields of now.
+_OLD_LENGTHS = {14: "the 13th field (bulk, before that persist) was removed: drop it"}
 
 
 def cuda_tiles(body: str) -> CudaTiles:
@@ -102,8 +103,7 @@ def cuda_tiles(body: str) -> CudaTiles:
     try:
         return CudaTiles(*fields)
     except ValueError as exc:
-        old = " (the 13th field was persist before it was removed)" if fields[CUDA_FIELDS.index("bulk")] == 1 else ""
-        raise SystemExit(f"--tiles c:{body}: {exc}{old}") from None
+        raise SystemExit(f"--tiles c:{body}: {exc}") from None
 
 
 def parse_tiles(spec: str | None):

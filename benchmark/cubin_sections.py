@@ -4,12 +4,12 @@ A change that should leave a build's code alone (removing a build option it does
 checked by hashing every `.text.<kernel>` section of the cubin before and after: the whole file
 differs anyway, since the anonymous namespace's mangled name carries a hash of the source path, so
 that part of each section name is replaced by `{anon}`. Builds are "default" (the shipped one), a
-moe_build spec ("row_ring=4,cp_async=0"), a bench_moe_nvfp4 `c:` spec, or "tests" (the build of
+moe_build spec ("row_ring=0,cp_async=4"), a bench_moe_nvfp4 `c:` spec, or "tests" (the build of
 every CUDA_CASES entry). nvcc warnings fail the run; --resources prints ptxas' registers / spills.
 
-    python benchmark/cubin_sections.py --nvcc /path/to/nvcc default row_ring=4 --save before.json
+    python benchmark/cubin_sections.py --nvcc /path/to/nvcc default row_ring=0 --save before.json
     ... edit ...
-    python benchmark/cubin_sections.py --nvcc /path/to/nvcc default row_ring=4 --against before.json
+    python benchmark/cubin_sections.py --nvcc /path/to/nvcc default row_ring=0 --against before.json
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The GPU figures of issues 15, 19 and 20 on one H200 in one call from the project root (under 10
 # minutes; each stage has its own limit so one hang cannot eat the rest):
-#   1. GPU tests (each untried path in a process of its own): the CUDA NVFP4 decode kernels against the
-#      reference (the row ring and the bulk ring apart), the fused decode kernels, no
-#      Triton compile after warm-up, the overlapped decode step without host syncs,
+#   1. GPU tests: the CUDA NVFP4 decode kernels against the reference (the row ring, the default,
+#      and the chunk ring), the fused decode kernels, no Triton compile after warm-up, the overlapped
+#      decode step without host syncs,
 #   2. bench_moe_nvfp4 at inkling-slice width: the default dispatch (CUDA kernels) beside the build
 #      variants of SWEEP (below), batch 1, 8 and 64; decode below uses the fastest if the tests passed,
 #   3. bench_one_batch on inkling-slice with NVFP4 experts, CUDA graphs, batch 1 and 64 (per-layer floor),
@@ -27,38 +27,25 @@ export PYTHONUNBUFFERED=1
 STAGES="${STAGES:-tests bench_moe bench_nvfp4 bench_nvfp4_mtp mtp_adaptive_nvfp4 mtp_adaptive_bf16 draft_map serve_nvfp4 overlap}"
 want() { [[ " $STAGES " == *" $1 "* ]]; }
 # The MoE build sweep: the shipped default (sinks on a side stream, two routed launches, the cp.async
-# chunk ring) beside the row ring of 4 stages (copies of whole 128-byte row spans) and the bulk ring of
-# 4 and 3 stages (the row ring's stages filled by cp.async.bulk, completion on mbarriers).
-ROW_SWEEP=("c:1,4,8,256,4,1,0,8,1,1,1,0,0,4")
-BULK_SWEEP=("c:1,4,8,256,4,1,0,8,1,1,1,0,4,0" "c:1,4,8,256,4,1,0,8,1,1,1,0,3,0")
-SWEEP=(default "${ROW_SWEEP[@]}" "${BULK_SWEEP[@]}")
+# row ring of 4 stages: copies of whole 128-byte row spans) beside the chunk ring it replaced (row_ring=0).
+SWEEP=(default "c:1,4,8,256,4,1,0,8,1,1,1,0,0")
 # Every CUDA MoE library the tests and the sweep load, built in parallel first.
 stage prebuild 120 "$PY" benchmark/prebuild_cuda.py "${SWEEP[@]}"
 M=test/kernels/test_fused_moe_nvfp4.py
 CASES=("$M::test_cuda_decode_matches_reference" "$M::test_side_stream_sinks_replay_from_a_cuda_graph"
-  "$M::test_cuda_decode_is_the_default_and_skips_foreign_ids" "$M::test_blas_sinks_match_a_brute_force")
+  "$M::test_cuda_decode_is_the_default_and_skips_foreign_ids" "$M::test_blas_sinks_match_a_brute_force"
+  "$M::test_default_build_serves_scales_off_8_byte_boundaries")
 # GPU_TESTS (default: these) narrows the test stage; a failure there keeps decode on the shipped build.
 GPU_TESTS="${GPU_TESTS:-${CASES[*]} test/gpu/test_kernel_warmup.py test/kernels/test_qkvr_epilogue.py
   test/kernels/test_sconv_norm.py test/gpu/test_overlap_gpu.py test/gpu/test_mtp_sample_accept_sync.py}"
 tests_failed=0
 if want tests; then
   before=$status status=0
-  # The untried rings' cases run in processes of their own (test ids name the ring): a fault there
-  # poisons its process's CUDA context, and must cost neither the other tests nor the sweep's other
-  # builds; a ring whose cases fail leaves the sweep (it would fault the bench's process as well).
+  # One process: both rings have passed on the GPU (the row ring's cases at f49cebb), and the default
+  # build is the row ring, so its cases apart would isolate nothing (test ids still name the ring: -k).
   # shellcheck disable=SC2086  # the list is split on purpose
-  stage tests 200 "$PY" -m pytest -q -p no:cacheprovider -k "not row_ring and not bulk" $GPU_TESTS
+  stage tests 240 "$PY" -m pytest -q -p no:cacheprovider $GPU_TESTS
   tests_failed=$status status=$((before | status))
-  for ring in row_ring bulk; do
-    before=$status status=0
-    stage "tests_$ring" 60 "$PY" -m pytest -q -p no:cacheprovider -k "$ring" "$M"
-    if [ "$status" != 0 ]; then
-      echo "== $ring: its cases failed, it leaves the sweep" | tee -a "$OUT/gpu.txt"
-      if [ "$ring" = row_ring ]; then ROW_SWEEP=(); else BULK_SWEEP=(); fi
-    fi
-    status=$((before | status))
-  done
-  SWEEP=(default "${ROW_SWEEP[@]}" "${BULK_SWEEP[@]}")
 fi
 # tests_new (not in the default STAGES): GPU tests of paths no GPU has run yet (the sampled MTP rule's
 # graphs, the grammar draft graphs, mixed chunks), in a process apart from the others; they decide

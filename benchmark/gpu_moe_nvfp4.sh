@@ -2,7 +2,7 @@
 # Issue 15, kernel half, on the H200 in one call from the project root: the NVFP4 MoE kernel tests on
 # the GPU, then bench_moe_nvfp4 at inkling-slice shape over the tile variants given in $TILES
 # (default: SWEEP below; batch sizes $BATCHES, more flags in $BENCH_ARGS), logs and JSON under $OUT; with NCU=1 also Nsight Compute on one routed up
-# launch (the CUDA decode kernel of the NCU_BUILD build, e.g. row_ring=4, or the Triton one where it does not apply).
+# launch (the CUDA decode kernel of the NCU_BUILD build, e.g. row_ring=0, or the Triton one where it does not apply).
 # Stage limits keep the whole under 9 minutes.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -15,9 +15,10 @@ status=0
 source benchmark/gpu_stage.sh
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --format=csv,noheader
 "$PY" -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
-# The MoE builds: the shipped default, the row ring of 4 stages, the bulk-copy ring of 4 and 3 (c: specs:
-# every CudaTiles field, bench_moe_nvfp4.py); every library the tests and these load is built first.
-SWEEP=(default "c:1,4,8,256,4,1,0,8,1,1,1,0,0,4" "c:1,4,8,256,4,1,0,8,1,1,1,0,4,0" "c:1,4,8,256,4,1,0,8,1,1,1,0,3,0")
+# The MoE builds: the shipped default (the row ring of 4 stages), the chunk ring (row_ring=0) and the row
+# ring of 3 stages (c: specs: every CudaTiles field, bench_moe_nvfp4.py); every library the tests and
+# these load is built first.
+SWEEP=(default "c:1,4,8,256,4,1,0,8,1,1,1,0,0" "c:1,4,8,256,4,1,0,8,1,1,1,0,3")
 TILES="${TILES:-${SWEEP[*]}}"
 # shellcheck disable=SC2086  # the list is split on purpose
 stage prebuild 60 "$PY" benchmark/prebuild_cuda.py $TILES

@@ -26,7 +26,7 @@ from sgl_inkling_kernels.moe_w4a16_cuda import CudaTiles  # noqa: E402
 FIELDS = [f.name for f in dataclasses.fields(CudaTiles) if f.name != "nt"]
 # Build options measured and removed since (older JSON records them): a variant with one of them on
 # was a build that no longer exists, so it is never picked (its spec would name a different build).
-REMOVED = ("fused", "persist")
+REMOVED = ("fused", "persist", "bulk")
 
 
 def parse(spec: str) -> CudaTiles:

@@ -1,10 +1,10 @@
 """Build, in parallel, every CUDA NVFP4 MoE library a GPU run will load (one per combination of
-build choices): the shipped default (and its one-launch form where it has one), the build of each
-case of the CUDA kernel tests, and the `c:` specs of a bench_moe_nvfp4 sweep. Run before the stages that test and
-time them, so that a run's many nvcc builds (seconds each, one after another inside the tests)
+build choices): the shipped default (with its chunk-ring fallback, and its one-launch form where it
+has one), the build of each case of the CUDA kernel tests, and the `c:` specs of a bench_moe_nvfp4
+sweep. Run before the stages that test and time them, so that a run's many nvcc builds (seconds each, one after another inside the tests)
 share the machine's cores instead of its time limit:
 
-    python benchmark/prebuild_cuda.py "c:1,4,8,256,4,1,0,8,1,1,1,0,0,4" ...
+    python benchmark/prebuild_cuda.py "c:1,4,8,256,4,1,0,8,1,1,1,0,0" ...
 """
 
 from __future__ import annotations
@@ -34,7 +34,8 @@ def test_tiles() -> list:
 
 def main(specs: list[str]) -> None:
     build = moe_w4a16_cuda.BUILD
-    tiles = [build, *test_tiles()]
+    # the default, and the chunk ring it takes for scales off 8-byte boundaries (moe_w4a16_cuda.ring_for)
+    tiles = [build, dataclasses.replace(build, row_ring=0), *test_tiles()]
     if not build.sink_stream:  # the one-launch form default_cuda_tiles gives the smallest batches
         tiles.append(dataclasses.replace(build, split_sinks=0))
     tiles += [t for t in (parse_tiles(s)[0] for s in specs) if isinstance(t, moe_w4a16_cuda.CudaTiles)]

@@ -1,7 +1,7 @@
 """One fused NVFP4 MoE call at Inkling's width (8 experts, top-6, 2 sinks), for Nsight Compute.
 
     ncu --clock-control none -k regex:_up_kernel --launch-skip 2 --launch-count 1 \
-        python benchmark/profile_moe_nvfp4.py [--batch-size 1] [--tiles 32,64,128,128,4,3] [--moe-build row_ring=4]
+        python benchmark/profile_moe_nvfp4.py [--batch-size 1] [--tiles 32,64,128,128,4,3] [--moe-build row_ring=0]
 
 Runs the call three times (the first two compile and warm up); random codes and scales, never zero.
 """
@@ -27,7 +27,7 @@ def main() -> None:
     p.add_argument("--batch-size", type=int, default=1)
     p.add_argument("--tiles", default=None, help="up_n,down_n,kb,bk_sink,warps,stages")
     p.add_argument("--moe-build", default="", help="the CUDA decode build, 'field=value,...' (benchmark/moe_build.py), "
-                   "e.g. row_ring=4; default: the shipped one")
+                   "e.g. row_ring=0 (the chunk ring); default: the shipped one")
     args = p.parse_args()
     apply_moe_build(args.moe_build)
     h, i, e, k, s, t = 6144, 3072, 8, 6, 2, args.batch_size

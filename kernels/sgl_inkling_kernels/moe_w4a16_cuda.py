@@ -43,13 +43,10 @@ class CudaTiles:
     and routed blocks whatever split_sinks says; sink_stream, the BF16 sinks through cuBLAS on a side
     stream at every batch, concurrent with the routed launches (kernel_sink_max is then unused); pdl,
     the down launch as a programmatic dependent launch that starts streaming its weights while the
-    gate/up launch finishes (Hopper); bulk, stages (0: off, else at least 2; clamped to the shared
-    memory as row_ring's are) of the row ring's layout filled by Hopper bulk copies (cp.async.bulk,
-    one per row span, completion counted on an mbarrier per stage) in place of the row ring's
-    cp.async requests (needs 16-byte aligned code and scale tensors: moe_w4a16_decode refuses
-    others; unmeasured); row_ring, stages of a per-warp
-    shared-memory ring whose copies cover whole 128-byte row spans (two chunks a stage) in place of
-    the cp.async chunk ring and the register ring (0: off). bulk and row_ring exclude each other."""
+    gate/up launch finishes (Hopper); row_ring, stages of a per-warp shared-memory ring whose copies
+    cover whole 128-byte row spans (two chunks a stage) in place of the cp.async chunk ring and the
+    register ring (0: off, cp_async and depth then pick between those two). The row ring copies 8-byte
+    scale segments: scale tensors without 8-byte aligned rows take the chunk ring (ring_for)."""
 
     nt: int = 1
     depth: int = 4
@@ -71,25 +68,21 @@ class CudaTiles:
     # removed since).
     # H200 at e5dd617, fused MoE (routed) us at batch 1 / 8 / 64: chunk ring 147.7 (99.5) / 600.2 (536.5) /
     # 2567 (2476); row ring of 4 stages 145.4 (90.4) / 555.0 (485.4) / 2416 (2307); 3 and 5 stages slower.
-    # Off until its odd-chunk form (half last stage, 8-byte scale copies: after that run) passes on the GPU.
-    # bulk comes before row_ring (in c: specs too): it takes the field that persist had, so an old spec's
-    # persist=0 still means the same build and persist=1 is refused (bulk needs two stages).
-    bulk: int = 0
-    row_ring: int = 0
+    # At f49cebb its odd-chunk form (half last stage, 8-byte scale copies) passed every GPU case, 148.3 /
+    # 597.3 / 2557 against the chunk ring's 147.9 / 600.1 / 2594: the default since. The chunk ring
+    # (row_ring=0, cp_async above) stays as the fallback. A ring of the same stages filled by bulk copies
+    # (cp.async.bulk, mbarriers) was slower there, 185 / 900 / 3919 us with 4 stages, and was removed.
+    row_ring: int = 4
 
     def __post_init__(self):
         if self.x_prefetch and self.cp_async:
             raise ValueError("CudaTiles: x_prefetch is for the register ring, not with cp_async")
-        if self.bulk == 1 or self.bulk < 0:
-            raise ValueError(f"CudaTiles: bulk={self.bulk}: the bulk ring's stages are 0 (off) or at least 2")
-        if self.bulk and self.row_ring:
-            raise ValueError("CudaTiles: bulk and row_ring are two fillings of the same ring: set one")
 
     def defines(self) -> tuple[tuple[str, int], ...]:
         names = ("MOE_L2_PREFETCH", "MOE_WARPS", "MOE_DUAL_ACC", "MOE_X_PREFETCH", "MOE_CP_ASYNC", "MOE_SPLIT_SINKS",
-                 "MOE_PDL", "MOE_BULK", "MOE_ROW_RING")  # fmt: skip
+                 "MOE_PDL", "MOE_ROW_RING")  # fmt: skip
         values = (self.l2, self.warps, self.dual_acc, self.x_prefetch, self.cp_async, self.split_sinks, self.pdl,
-                  self.bulk, self.row_ring)  # fmt: skip
+                  self.row_ring)  # fmt: skip
         return tuple(zip(names, values))
 
 
@@ -173,30 +166,22 @@ def _side_stream(device: torch.device) -> torch.cuda.Stream:
     return torch.cuda.Stream(device)
 
 
-def check_bulk_alignment(w13, s13, w2, s2) -> None:
-    """The bulk ring's copies need 16-byte aligned sources: code tensors whose start, expert and row
-    strides are multiples of 16 bytes; scale tensors whose start and expert stride are, with rows
-    back to back (a shifted scale span is read from the 16-byte boundary below it, which stays inside
-    the tensor only then: csrc/moe_w4a16_mma.cu); contiguous last dims."""
-    for name, t in (("w13", w13), ("w13_scale", s13), ("w2", w2), ("w2_scale", s2)):
-        codes = not name.endswith("_scale")
-        rows_ok = t.stride(1) % 16 == 0 if codes else t.stride(1) == t.shape[2]
-        if t.data_ptr() % 16 or t.stride(0) % 16 or not rows_ok or t.stride(2) != 1:
-            rows = "16-byte aligned rows" if codes else "rows back to back"
-            raise ValueError(f"moe_w4a16: the bulk ring needs {name} with a 16-byte aligned start and expert "
-                             f"stride and {rows} (got address % 16 = {t.data_ptr() % 16}, strides "
-                             f"{tuple(t.stride())})")  # fmt: skip
+def ring_for(tiles: CudaTiles, s13: torch.Tensor, s2: torch.Tensor) -> CudaTiles:
+    """The build that serves these scale tensors (uint8 views): the row ring copies 8-byte scale
+    segments, so scales whose rows (start, expert or row stride) are not 8-byte aligned take the chunk
+    ring (4-byte copies) instead of failing, since the row ring is the default. Checkpoint layouts keep
+    the row ring: rows of K / 16 bytes, K a multiple of 128."""
+    if tiles.row_ring and any(s.data_ptr() % 8 or s.stride(0) % 8 or s.stride(1) % 8 for s in (s13, s2)):
+        return replace(tiles, row_ring=0)
+    return tiles
 
 
 def moe_w4a16_decode(x, w13, s13, g13, w2, s2, g2, ids, weights, sw13, sw2, gam, act, out,
                      tiles: CudaTiles) -> None:  # fmt: skip
     """Fill out (and act) for the routed pairs and the sinks (in the same launches when the batch
     fits tiles.kernel_sink_max, else through cuBLAS, on a side stream with tiles.sink_stream)."""
+    tiles = ring_for(tiles, s13, s2)
     lib = _library(tiles.defines())
-    if tiles.row_ring and any(s.data_ptr() % 8 or s.stride(1) % 8 for s in (s13, s2)):
-        raise ValueError("moe_w4a16: the row ring copies 8-byte scale segments: scale rows must be 8-byte aligned")
-    if tiles.bulk:
-        check_bulk_alignment(w13, s13, w2, s2)
     t, k = weights.shape
     n_pairs = t * k
     n_exp = w13.shape[0]

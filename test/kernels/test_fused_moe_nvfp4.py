@@ -175,9 +175,9 @@ CUDA_CASES = [
     ((8, 2, 6, 6144, 3072, 1), CudaTiles(row_ring=0, nt=1, pdl=1)),
     ((17, 2, 6, 1024, 512, 100), CudaTiles(row_ring=0, nt=4, pdl=1, sink_stream=0, split_sinks=1)),
     ((9, 1, 4, 256, 384, 5), CudaTiles(row_ring=0, nt=1, depth=2, x_prefetch=1, cp_async=0, pdl=1, sink_stream=0)),
-    # the row ring (copies of whole 128-byte row spans): batch 1 and 64 at full width, the sinks in the
-    # kernel, 2 / 4 / 8 column tiles (the ring clamped to the shared memory), odd chunk counts (H 640,
-    # I 384 as under TP 8: a half last stage)
+    # the row ring (the default: copies of whole 128-byte row spans): batch 1 and 64 at full width, the
+    # sinks in the kernel, 2 / 4 / 8 column tiles (the ring clamped to the shared memory), odd chunk
+    # counts (H 640, I 384 as under TP 8: a half last stage)
     ((8, 2, 6, 6144, 3072, 1), CudaTiles(nt=1, row_ring=4)),
     ((8, 2, 6, 6144, 3072, 64), CudaTiles(nt=1, row_ring=4)),
     ((8, 2, 6, 6144, 384, 1), CudaTiles(nt=1, row_ring=4)),
@@ -186,26 +186,14 @@ CUDA_CASES = [
     ((17, 2, 6, 1024, 512, 100), CudaTiles(nt=4, row_ring=5)),
     ((5, 2, 2, 512, 256, 64), CudaTiles(nt=8, row_ring=5)),
     ((12, 0, 3, 640, 384, 3), CudaTiles(nt=1, row_ring=4)),
-    # the bulk ring (the row ring's stages filled by bulk copies, completion on mbarriers): the row
-    # ring's cases, with the odd chunk counts (half last stage, scale spans read from the 16-byte
-    # boundary below them), the programmatic down launch, and 8 column tiles (the ring clamped to 3)
-    ((8, 2, 6, 6144, 3072, 1), CudaTiles(nt=1, bulk=4)),
-    ((8, 2, 6, 6144, 3072, 64), CudaTiles(nt=1, bulk=4)),
-    ((8, 2, 6, 6144, 384, 1), CudaTiles(nt=1, bulk=4)),
-    ((33, 2, 6, 512, 256, 5), CudaTiles(nt=1, bulk=3, sink_stream=0, split_sinks=0)),
-    ((9, 1, 4, 256, 512, 40), CudaTiles(nt=2, bulk=5)),
-    ((17, 2, 6, 1024, 512, 100), CudaTiles(nt=4, bulk=5)),
-    ((5, 2, 2, 512, 256, 64), CudaTiles(nt=8, bulk=5)),
-    ((12, 0, 3, 640, 384, 3), CudaTiles(nt=1, bulk=4, pdl=1)),
-    ((7, 1, 3, 384, 640, 2), CudaTiles(nt=1, bulk=3)),
 ]
 
 
 def _case_id(case) -> str:
-    """The ring in the test id (GPU runs select them with -k: an untried ring that faults poisons the
-    process's CUDA context, so benchmark/gpu_all.sh runs each ring's cases in a process of its own)."""
+    """The ring in the test id, so that a GPU run can select one ring's cases with -k (and run them in
+    a process of their own: a kernel fault poisons its process's CUDA context)."""
     shape, tiles = case
-    ring = "default" if tiles is None else "bulk" if tiles.bulk else "row_ring" if tiles.row_ring else "chunk"
+    ring = "default" if tiles is None else "row_ring" if tiles.row_ring else "chunk"
     return ring + "-" + "x".join(map(str, shape))
 
 
@@ -220,12 +208,11 @@ def test_cuda_decode_matches_reference(shape, tiles):
 
 
 @pytest.mark.skipif(not CUDA, reason="CUDA kernels")
-@pytest.mark.parametrize("pdl,row_ring,bulk", [(0, 0, 0), (1, 0, 0), (0, 4, 0), (0, 0, 4)],
-                         ids=["chunk", "chunk-pdl", "row_ring", "bulk"])
-def test_side_stream_sinks_replay_from_a_cuda_graph(pdl, row_ring, bulk):
-    """The side-stream fork and join (and the programmatic launch edge, the row ring, the bulk ring's
-    copies and mbarriers) are captured: replays on new inputs equal the reference."""
-    tiles = CudaTiles(nt=1, sink_stream=1, pdl=pdl, row_ring=row_ring, bulk=bulk)
+@pytest.mark.parametrize("pdl,row_ring", [(0, 0), (1, 0), (0, 4)], ids=["chunk", "chunk-pdl", "row_ring"])
+def test_side_stream_sinks_replay_from_a_cuda_graph(pdl, row_ring):
+    """The side-stream fork and join (and the programmatic launch edge, the row ring's copies) are
+    captured: replays on new inputs equal the reference."""
+    tiles = CudaTiles(nt=1, sink_stream=1, pdl=pdl, row_ring=row_ring)
     shape = (16, 2, 6, 1024, 512, 4)
     x, w13, w2, ids, weights, sw13, sw2, gam = _problem(*shape, torch.bfloat16, seed=21)
     static = [t.clone() for t in (x, ids, weights, gam)]
@@ -242,23 +229,41 @@ def test_side_stream_sinks_replay_from_a_cuda_graph(pdl, row_ring, bulk):
         _assert_close(got, _reference(x2, w13, w2, ids2, weights2, sw13, sw2, gam2), torch.bfloat16)
 
 
+def _shifted(t: torch.Tensor, offset: int) -> torch.Tensor:
+    """A copy of t that starts `offset` bytes into its storage (same shape and strides)."""
+    raw = torch.empty(t.numel() * t.element_size() + offset, dtype=torch.uint8, device=t.device)[offset:]
+    return raw.view(t.dtype).view(t.shape).copy_(t)
+
+
+def test_scales_off_8_byte_boundaries_take_the_chunk_ring():
+    """The row ring (the default) copies 8-byte scale segments: scales whose start, expert or row stride
+    is off an 8-byte boundary get the chunk ring (every other field kept) instead of an error; aligned
+    scales keep the row ring, and a chunk-ring build is left alone."""
+    from sgl_inkling_kernels.moe_w4a16_cuda import ring_for
+
+    _, (_, s13, _), (_, s2, _), *_ = _problem(4, 0, 2, 256, 384, 1, torch.float32, seed=2)
+    s13, s2 = s13.view(torch.uint8), s2.view(torch.uint8)  # I = 384: 24-byte scale rows are 8-byte aligned
+    tiles = CudaTiles(nt=2, pdl=1)
+    assert tiles.row_ring and ring_for(tiles, s13, s2) == tiles
+    assert ring_for(tiles, s13, _shifted(s2, 8)) == tiles
+    for off in (_shifted(s2, 4), _shifted(s2, 1)):
+        assert ring_for(tiles, s13, off) == CudaTiles(nt=2, pdl=1, row_ring=0)
+    e, rows, n = s13.shape
+    padded = torch.empty(e, rows, n + 4, dtype=torch.uint8)[:, :, :n]  # rows 4 bytes longer than their 16
+    experts = torch.empty(e * (rows * n + 4), dtype=torch.uint8).as_strided(s13.shape, (rows * n + 4, n, 1))
+    assert ring_for(tiles, padded, s2).row_ring == 0 and ring_for(tiles, experts, s2).row_ring == 0
+    chunk = CudaTiles(row_ring=0)
+    assert ring_for(chunk, s13, _shifted(s2, 4)) is chunk
+
+
 @pytest.mark.skipif(not CUDA, reason="CUDA kernels")
-def test_bulk_ring_refuses_unaligned_tensors_naming_them():
-    """Bulk copies need 16-byte aligned sources: a scale tensor 8 bytes into its storage, or codes
-    whose rows are 8 bytes apart, are refused naming the tensor (the row ring takes the first)."""
-    x, w13, w2, ids, weights, *_ = _problem(8, 0, 2, 256, 256, 1, torch.bfloat16, seed=9)
+def test_default_build_serves_scales_off_8_byte_boundaries():
+    """Scales 4 bytes into their storage, under the default build (the row ring): served (through the
+    chunk ring) and equal to the reference."""
+    x, w13, w2, ids, weights, *_ = _problem(8, 0, 2, 256, 384, 1, torch.bfloat16, seed=9)
     codes, scales, scale2 = w13
-    shifted = torch.empty(scales.numel() + 8, dtype=torch.uint8, device=scales.device)[8:].view(scales.dtype)
-    shifted = shifted.view(scales.shape).copy_(scales)
-    with pytest.raises(ValueError, match="w13_scale"):
-        fused_moe_nvfp4(x, codes, shifted, scale2, *w2, ids, weights, tiles=CudaTiles(nt=1, bulk=4))
-    got = fused_moe_nvfp4(x, codes, shifted, scale2, *w2, ids, weights, tiles=CudaTiles(nt=1, row_ring=4))
+    got = fused_moe_nvfp4(x, codes, _shifted(scales, 4), scale2, *w2, ids, weights)
     _assert_close(got, _reference(x, w13, w2, ids, weights, None, None, None), torch.bfloat16)
-    c2, s2, g2 = w2
-    padded = torch.zeros(c2.shape[0], c2.shape[1], c2.shape[2] + 8, dtype=c2.dtype, device=c2.device)
-    padded = padded[:, :, 4 : 4 + c2.shape[2]].copy_(c2)  # rows 136 bytes apart, 4 bytes in
-    with pytest.raises(ValueError, match="w2 "):
-        fused_moe_nvfp4(x, *w13, padded, s2, g2, ids, weights, tiles=CudaTiles(nt=1, bulk=4))
 
 
 @pytest.mark.skipif(not CUDA, reason="CUDA kernels")
@@ -277,56 +282,6 @@ def test_cuda_decode_is_the_default_and_skips_foreign_ids():
     assert calls, "decode batches on a CUDA GPU go to the CUDA kernels"
     want = _reference(x, w13, w2, ids, torch.where(foreign, 0.0, weights.float()), sw13, sw2, gam)
     _assert_close(got, want, torch.bfloat16)
-
-
-def test_bulk_alignment_check_names_the_tensor():
-    """The bulk ring's alignment needs, checked on any device: aligned tensors pass; a scale tensor 8
-    bytes into its storage (its start), padded scale rows (the last row's shifted span would end past
-    the tensor) or codes with 8-byte-apart rows are refused naming them."""
-    from sgl_inkling_kernels.moe_w4a16_cuda import check_bulk_alignment
-
-    _, (c13, s13, _), (c2, s2, _), *_ = _problem(4, 0, 2, 256, 384, 1, torch.float32, seed=2)
-    s13, s2 = s13.view(torch.uint8), s2.view(torch.uint8)  # I = 384: 24-byte scale rows are fine
-    check_bulk_alignment(c13, s13, c2, s2)
-    shifted = torch.empty(s2.numel() + 8, dtype=torch.uint8)[8:].view(s2.shape)
-    with pytest.raises(ValueError, match="w2_scale"):
-        check_bulk_alignment(c13, s13, c2, shifted)
-    rows16 = torch.empty(s2.shape[0], s2.shape[1], 32, dtype=torch.uint8)[:, :, : s2.shape[2]]  # 16-aligned
-    with pytest.raises(ValueError, match="w2_scale with .* rows back to back"):
-        check_bulk_alignment(c13, s13, c2, rows16)
-    padded = torch.empty(c13.shape[0], c13.shape[1], c13.shape[2] + 8, dtype=torch.uint8)[:, :, : c13.shape[2]]
-    with pytest.raises(ValueError, match="w13 "):
-        check_bulk_alignment(padded, s13, c2, s2)
-
-
-def test_bulk_scale_spans_of_accepted_layouts_stay_inside_the_tensor():
-    """For every scale layout check_bulk_alignment accepts (chunk counts 1-7, padded and unpadded rows,
-    expert strides), each lane's scale copy as the bulk ring computes it (the span from the 16-byte
-    boundary at or below the stage's bytes, rounded up to 16) covers its bytes and stays inside the
-    tensor; and the layouts refused include one whose last row's span would end past it."""
-    from sgl_inkling_kernels.moe_w4a16_cuda import check_bulk_alignment
-
-    codes = torch.empty(1, 16, 64, dtype=torch.uint8)
-    outside = False
-    for n_chunks in range(1, 8):
-        row = 8 * n_chunks  # scale bytes of a row: K / 16
-        for pad in (0, 8, 16, 24):
-            for n_rows, n_exp in ((16, 2), (32, 1)):
-                s_se = -(-n_rows * (row + pad) // 16) * 16
-                extent = (n_exp - 1) * s_se + (n_rows - 1) * (row + pad) + row
-                scales = torch.empty(n_exp * s_se, dtype=torch.uint8).as_strided((n_exp, n_rows, row), (s_se, row + pad, 1))
-                spans = [(lo - lo % 16, -(-(lo % 16 + n) // 16) * 16, lo, n)
-                         for e in range(n_exp) for r in range(n_rows) for sp in range(-(-n_chunks // 2))
-                         for lo, n in [(e * s_se + r * (row + pad) + 16 * sp, 16 if 2 * sp + 1 < n_chunks else 8)]]
-                inside = all(0 <= a and a + size <= extent and a <= lo and lo + n <= a + size <= a + 32
-                             for a, size, lo, n in spans)  # fmt: skip
-                try:
-                    check_bulk_alignment(codes, scales, codes, scales)
-                except ValueError:
-                    outside |= not inside
-                    continue
-                assert inside, (n_chunks, pad, n_rows, n_exp)
-    assert outside  # the refusal is needed, not only cautious
 
 
 def test_blas_sinks_match_a_brute_force():

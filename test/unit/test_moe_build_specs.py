@@ -31,30 +31,33 @@ def sweep(script: str) -> list[str]:
 
 
 def test_c_spec_names_every_field_in_order():
-    tiles, asm, batches = parse_tiles("c:2,8,4,128,8,0,1,0,0,3,0,1,3,0@1,8")
+    tiles, asm, batches = parse_tiles("c:2,8,4,128,8,0,1,0,0,3,0,1,3@1,8")
     want = CudaTiles(nt=2, depth=8, kernel_sink_max=4, l2=128, warps=8, dual_acc=0, x_prefetch=1, cp_async=0,
-                     split_sinks=0, one_launch_max=3, sink_stream=0, pdl=1, bulk=3, row_ring=0)  # fmt: skip
+                     split_sinks=0, one_launch_max=3, sink_stream=0, pdl=1, row_ring=3)  # fmt: skip
     assert tiles == want and asm == [] and batches == [1, 8]
-    # bulk took persist's place: a spec of before with persist=0 still names the same build
-    assert parse_tiles("c:1,4,8,256,4,1,0,8,1,1,1,0,0,4")[0] == CudaTiles(nt=1, row_ring=4)
+    # the fields of before bulk was added (and after it was removed): such a spec names the same build
+    assert parse_tiles("c:1,4,8,256,4,1,0,8,1,1,1,0,4")[0] == CudaTiles(nt=1)
+    assert parse_tiles("c:1,4,8,256,4,1,0,8,1,1,1,0,0")[0] == CudaTiles(nt=1, row_ring=0)
 
 
 @pytest.mark.parametrize("body,why", [
-    ("1,4,8,256,4,1,0,8,1,1,1,0,1,0", "persist"),  # persist=1 of before: bulk=1 is no build
-    ("1,4,8,256,4,1,0,8,1,1,1,0,4", "before bulk"),  # the 13 fields of between the two changes
-    ("1,4", "14 of"),  # trailing fields are no longer optional: they would hide a shifted spec
-    ("1,4,8,256,4,1,0,8,1,1,1,0,4,4", "set one"),  # bulk and row_ring fill the same ring
+    ("1,4,8,256,4,1,0,8,1,1,1,0,0,4", "bulk"),  # the 14 fields with bulk (or persist) of before
+    ("1,4", "13 of"),  # trailing fields are not optional: they would hide a shifted spec
+    ("1,4,8,256,4,1,1,8,1,1,1,0,4", "x_prefetch"),  # a field combination CudaTiles refuses, as an exit
 ])  # fmt: skip
 def test_c_spec_of_another_field_list_is_refused(body, why):
     with pytest.raises(SystemExit, match=why):
         parse_tiles("c:" + body)
 
 
-@pytest.mark.parametrize("script", ["gpu_all.sh", "gpu_moe_nvfp4.sh"])
-def test_gpu_sweeps_are_the_builds_they_name(script):
+@pytest.mark.parametrize("script,rest", [
+    ("gpu_all.sh", [CudaTiles(nt=1, row_ring=0)]),
+    ("gpu_moe_nvfp4.sh", [CudaTiles(nt=1, row_ring=0), CudaTiles(nt=1, row_ring=3)]),
+])  # fmt: skip
+def test_gpu_sweeps_are_the_builds_they_name(script, rest):
     builds = [parse_tiles(s)[0] for s in sweep(script)]
     assert builds[0] is None  # the module's dispatch first
-    assert builds[1:] == [CudaTiles(nt=1, row_ring=4), CudaTiles(nt=1, bulk=4), CudaTiles(nt=1, bulk=3)]
+    assert builds[1:] == rest
 
 
 def _variant(ms: float, **tiles) -> dict:
@@ -64,9 +67,10 @@ def _variant(ms: float, **tiles) -> dict:
 def test_pick_skips_builds_that_were_removed():
     doc = {"results": [{"variants": [
         {"ms": 1.0, "tiles": {"path": "default dispatch"}},
-        _variant(0.5, fused=1), _variant(0.6, persist=1), _variant(0.9, row_ring=4), _variant(1.1, row_ring=3),
+        _variant(0.5, fused=1), _variant(0.6, persist=1), _variant(0.7, bulk=4), _variant(0.9, row_ring=0),
+        _variant(1.1, row_ring=3),
     ]}]}  # fmt: skip
-    assert moe_build.parse(moe_build.pick(doc)) == CudaTiles(row_ring=4)
+    assert moe_build.parse(moe_build.pick(doc)) == CudaTiles(row_ring=0)
 
 
 def _elf(sections: dict[str, bytes]) -> bytes:

@@ -6,7 +6,7 @@
 // ~4.4 that 4.3 TB/s allows; here the weights are decoded straight into mma.sync A fragments
 // (bf16, block scale folded in by one packed multiply) and the tensor core does the products:
 // about 2.7 instructions per weight (counted from the PTX), with later K chunks' loads in flight
-// while one computes (a register ring, by default a cp.async shared-memory ring of chunks, or one of
+// while one computes (a register ring, a cp.async shared-memory ring of chunks, or by default one of
 // whole 128-byte row spans, which halves the L2 requests; Nsight Compute at batch 1 finds the chunk
 // ring bound by memory latency, not by issue: results/ncu_moe_w4a16_bs1.txt).
 //
@@ -429,40 +429,6 @@ __device__ __forceinline__ void finish_tile(const Args& a, const Blocks& b, int 
 #ifndef MOE_ROW_RING  // super-stages of a per-warp ring that copies whole 128-byte row spans (0: off)
 #define MOE_ROW_RING 0
 #endif
-#ifndef MOE_BULK  // stages of a per-warp ring filled by bulk copies (cp.async.bulk, Hopper) of row spans (0: off)
-#define MOE_BULK 0
-#endif
-
-#if MOE_ROW_RING || MOE_BULK
-constexpr int kStageSpan = 2;  // chunks per stage of the row ring and the bulk ring
-
-// The row ring's and the bulk ring's loop over a routed tile: the CTA's warps take stages
-// (kStageSpan chunks) in turn, each keeping S - 1 in flight. The rings differ only in how a stage is
-// filled (issue(sp, st): stage sp into slot st; nothing past the last stage), how its landing is
-// awaited (wait(i, st): the warp's i-th stage, in slot st) and read back (read(st, c): chunk c).
-template <int S, int NT, class Issue, class Wait, class Read>
-__device__ __forceinline__ void staged_products(int n_chunks, int warp, int lane4, const __nv_bfloat16* const (&xrow)[NT],
-                                                const bool (&xok)[NT], float (&acc)[NT][4], float (&acc2)[NT][4],
-                                                Issue issue, Wait wait, Read read) {
-  const int n_stages = (n_chunks + kStageSpan - 1) / kStageSpan;
-#pragma unroll
-  for (int st = 0; st < S - 1; ++st) issue(warp + kWarps * st, st);
-  pdl_wait();  // the activations below come from the previous launch
-  uint32_t xnone[16] = {};
-  for (int i = 0; warp + kWarps * i < n_stages; ++i) {
-    const int sp = warp + kWarps * i, st = i % S;
-    wait(i, st);
-    const bool full = kStageSpan * sp + 1 < n_chunks;
-    const WChunk<true> c0 = read(st, 0);
-    WChunk<true> c1;
-    if (full) c1 = read(st, 1);
-    __syncwarp();  // every lane has read the stage before it is refilled
-    issue(sp + kWarps * (S - 1), (i + S - 1) % S);
-    compute_chunk<true, NT>(acc, acc2, c0, xrow, xok, kStageSpan * sp, lane4, xnone);
-    if (full) compute_chunk<true, NT>(acc, acc2, c1, xrow, xok, kStageSpan * sp + 1, lane4, xnone);
-  }
-}
-#endif
 
 #if MOE_ROW_RING
 // The row ring: a warp's stage is two adjacent chunks (K 256: 128 code bytes per row) of its tile's 16
@@ -472,6 +438,8 @@ __device__ __forceinline__ void staged_products(int n_chunks, int warp, int lane
 // index is XOR-swizzled by a row bit so that the 8 lanes of each quarter-warp hit distinct banks.
 // An odd chunk count (e.g. I = 384 under TP 8) ends in a half stage; scale rows are then only 8-byte
 // aligned, so the scales come in 8-byte copies.
+constexpr int kRowSpan = 2;  // chunks per row-ring stage
+
 __device__ __forceinline__ int row_swz(int lr) { return ((lr ^ (lr >> 1)) & 1) << 2; }
 
 __device__ __forceinline__ void cp_async8(void* dst, const void* src) {
@@ -507,8 +475,8 @@ __device__ __forceinline__ WChunk<true> row_chunk(const uint4 (&ring)[kWarps][S]
   return w;
 }
 
-// A routed tile's products through the row ring (staged_products). codes / scales point at the
-// tile's first row.
+// A routed tile's products through the row ring: the CTA's warps take stages (2 chunks) in turn, each
+// keeping S - 1 stages in flight. codes / scales point at the tile's first row.
 template <int NT, bool UP>
 __device__ __forceinline__ void row_ring_products(const uint8_t* codes, int64_t s_cr, const uint8_t* scales,
                                                   int64_t s_sr, int n_chunks, int warp, int lane, int g, int lane4,
@@ -521,161 +489,30 @@ __device__ __forceinline__ void row_ring_products(const uint8_t* codes, int64_t 
   static_assert(S >= 2, "the row ring needs two stages");
   __shared__ uint4 ring[kWarps][S][16][8];
   __shared__ uint2 sc[kWarps][S][16][2];
-  const int n_stages = (n_chunks + kStageSpan - 1) / kStageSpan;
+  const int n_stages = (n_chunks + kRowSpan - 1) / kRowSpan;
   const int lr0 = UP ? 2 * g : g, lr1 = UP ? 2 * g + 1 : g + 8;
   auto issue = [&](int sp, int st) {
     if (sp < n_stages) row_fill<S>(ring, sc, warp, st, lane, codes, s_cr, scales, s_sr, sp, 2 * sp + 1 < n_chunks);
     cp_async_commit();
   };
-  auto wait = [&](int, int) {
+#pragma unroll
+  for (int st = 0; st < S - 1; ++st) issue(warp + kWarps * st, st);
+  pdl_wait();  // the activations below come from the previous launch
+  uint32_t xnone[16] = {};
+  for (int i = 0; warp + kWarps * i < n_stages; ++i) {
+    const int sp = warp + kWarps * i, st = i % S;
     cp_async_wait<S - 2>();
     __syncwarp();  // lanes read rows other lanes copied
-  };
-  auto read = [&](int st, int c) { return row_chunk<S>(ring, sc, warp, st, c, lr0, lr1, lane4); };
-  staged_products<S, NT>(n_chunks, warp, lane4, xrow, xok, acc, acc2, issue, wait, read);
+    const bool full = 2 * sp + 1 < n_chunks;
+    const WChunk<true> c0 = row_chunk<S>(ring, sc, warp, st, 0, lr0, lr1, lane4);
+    WChunk<true> c1;
+    if (full) c1 = row_chunk<S>(ring, sc, warp, st, 1, lr0, lr1, lane4);
+    __syncwarp();  // before the stage is refilled
+    issue(sp + kWarps * (S - 1), (i + S - 1) % S);
+    compute_chunk<true, NT>(acc, acc2, c0, xrow, xok, kRowSpan * sp, lane4, xnone);
+    if (full) compute_chunk<true, NT>(acc, acc2, c1, xrow, xok, kRowSpan * sp + 1, lane4, xnone);
+  }
   cp_async_wait<0>();
-}
-#endif
-
-#if MOE_BULK
-// The bulk ring: the row ring's stages (two chunks of the tile's 16 rows: 128 code bytes per row, 64
-// in an odd count's half last stage) copied by the bulk-copy unit instead of by the lanes' cp.async
-// requests: lane r < 16 copies row r's code span, lane 16 + r its scale span, one instruction each,
-// so a warp keeps a stage's 2.3 KB in flight with 32 instructions, no registers and no per-16-byte
-// requests (the row ring issues 160 cp.async for the same bytes). A copy's completion is counted in
-// bytes on the stage's mbarrier: every lane arrives with its own byte count (expect_tx) before its
-// copy, so the phase ends when all 32 lanes have arrived and every byte has landed.
-//
-// Bulk copies need 16-byte aligned addresses and sizes. Code rows are (K / 2 bytes, a multiple of 64);
-// scale rows (K / 16 bytes) are 8-byte aligned only when the chunk count is odd (I = 384 under TP 8),
-// so a scale span is copied from the 16-byte boundary at or below it, rounded up to 16 bytes (16 or 32
-// bytes; the reader skips the 8-byte shift). The extra bytes stay inside the scale tensor when its
-// rows are back to back and its start and expert stride 16-byte aligned (moe_w4a16_decode checks):
-// then only odd rows are shifted, so a shifted span starts in its own row or, at the row's start, in
-// the tile's previous row, and an aligned half-stage span (an even row's) ends in the next row of the
-// tile. (With padded rows the last row's span could end past the tensor.)
-//
-// Smem: a row slot is 160 bytes (the code span, then the scale span). The bulk copy cannot swizzle
-// 16-byte units as the row ring does; instead the slot pitch (10 units) puts the two rows a
-// quarter-warp reads (2 apart for gate/up: 2g, 2g + 2; for down g, g + 1, placed 2 slots apart) on
-// complementary halves of the banks.
-constexpr int kBulkPitch = 160;   // bytes per row slot
-constexpr int kBulkStage = 16 * kBulkPitch;
-
-__device__ __forceinline__ int bulk_slot(int lr, bool up) { return up ? lr : 2 * (lr & 7) + (lr >> 3); }
-
-__device__ __forceinline__ uint32_t smem_u32(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-__device__ __forceinline__ void mbar_init(uint64_t* bar, int count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(bar)), "r"(count) : "memory");
-}
-
-__device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
-  asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.expect_tx.shared::cta.b64 st, [%0], %1;\n}" ::"r"(smem_u32(bar)),
-               "r"(bytes) : "memory");
-}
-
-// Waits for the phase of the given parity to end. Bounded: a wrong byte count (or a copy that never
-// lands) would otherwise spin forever and hang the GPU for every process; after 2^26 failed tries
-// (try_wait itself suspends a while each time: seconds in all, far beyond any DRAM latency) the
-// kernel traps, which the launch reports as an error.
-__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
-  const uint32_t addr = smem_u32(bar);
-  for (uint32_t n = 0;; ++n) {
-    uint32_t done;
-    asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}"
-                 : "=r"(done) : "r"(addr), "r"(parity) : "memory");
-    if (done) return;
-    if (n == (1u << 26)) __trap();
-  }
-}
-
-// Lane `lane`'s copy of stage sp into `stage` (see above); its bytes are expected on `bar` first.
-template <bool UP>
-__device__ __forceinline__ void bulk_fill(uint8_t* stage, uint64_t* bar, int lane, const uint8_t* codes, int64_t s_cr,
-                                          const uint8_t* scales, int64_t s_sr, int sp, bool full) {
-  const int r = lane & 15;
-  uint8_t* slot = stage + bulk_slot(r, UP) * kBulkPitch;
-  const uint8_t* src;
-  uint32_t bytes;
-  if (lane < 16) {
-    src = codes + r * s_cr + sp * 128;
-    bytes = full ? 128 : 64;
-  } else {
-    const uint8_t* want = scales + r * s_sr + sp * 16;
-    const uint32_t shift = static_cast<uint32_t>(reinterpret_cast<uintptr_t>(want) & 15);
-    src = want - shift;
-    bytes = (shift + (full ? 16 : 8) + 15) & ~15u;
-    slot += 128;
-  }
-  // The lanes' reads of this stage's previous contents (ordered before this point by the caller's
-  // __syncwarp) come before the bulk unit's writes: the two are different proxies.
-  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-  mbar_arrive_expect_tx(bar, bytes);
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
-               ::"r"(smem_u32(slot)), "l"(src), "r"(bytes), "r"(smem_u32(bar)) : "memory");
-}
-
-// Chunk c (0, 1) of a landed stage for the thread's rows lr0, lr1 (as load_chunk would load it);
-// sh0, sh1: the rows' scale shifts (0 or 8).
-template <bool UP>
-__device__ __forceinline__ WChunk<true> bulk_chunk(const uint8_t* stage, int c, int lr0, int lr1, int sh0, int sh1,
-                                                   int lane4) {
-  const uint8_t* s0 = stage + bulk_slot(lr0, UP) * kBulkPitch;
-  const uint8_t* s1 = stage + bulk_slot(lr1, UP) * kBulkPitch;
-  const int u = c * 4 + lane4;
-  WChunk<true> w;
-  w.w[0] = *reinterpret_cast<const uint4*>(s0 + u * 16);
-  w.w[1] = *reinterpret_cast<const uint4*>(s1 + u * 16);
-  w.s[0] = *reinterpret_cast<const uint16_t*>(s0 + 128 + sh0 + u * 2);
-  w.s[1] = *reinterpret_cast<const uint16_t*>(s1 + 128 + sh1 + u * 2);
-  return w;
-}
-
-// A routed tile's products through the bulk ring (staged_products). codes / scales point at the
-// tile's first row.
-template <int NT, bool UP>
-__device__ __forceinline__ void bulk_ring_products(const uint8_t* codes, int64_t s_cr, const uint8_t* scales,
-                                                   int64_t s_sr, int n_chunks, int warp, int lane, int g, int lane4,
-                                                   const __nv_bfloat16* const (&xrow)[NT], const bool (&xok)[NT],
-                                                   float (&acc)[NT][4], float (&acc2)[NT][4]) {
-  // As deep as asked, within the 48 KB of static shared memory beside finish_tile's reduction buffer.
-  constexpr int kFit = (48 * 1024 - (kWarps - 1) * NT * 4 * 32 * 4) / (kWarps * (kBulkStage + 8));
-  constexpr int kWant = MOE_BULK > 2 ? MOE_BULK : 2;
-  constexpr int S = kWant < kFit ? kWant : kFit;
-  static_assert(S >= 2, "the bulk ring needs two stages");
-  __shared__ __align__(128) uint8_t ring[kWarps][S][kBulkStage];
-  __shared__ uint64_t bar[kWarps][S];
-  if (lane == 0) {
-#pragma unroll
-    for (int st = 0; st < S; ++st) mbar_init(&bar[warp][st], 32);
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");  // visible to the bulk unit
-  }
-  __syncwarp();
-  const int n_stages = (n_chunks + kStageSpan - 1) / kStageSpan;
-  const int lr0 = UP ? 2 * g : g, lr1 = UP ? 2 * g + 1 : g + 8;
-  const int sh0 = static_cast<int>(reinterpret_cast<uintptr_t>(scales + lr0 * s_sr) & 15);
-  const int sh1 = static_cast<int>(reinterpret_cast<uintptr_t>(scales + lr1 * s_sr) & 15);
-  auto issue = [&](int sp, int st) {
-    if (sp < n_stages)
-      bulk_fill<UP>(ring[warp][st], &bar[warp][st], lane, codes, s_cr, scales, s_sr, sp, 2 * sp + 1 < n_chunks);
-  };
-  auto wait = [&](int i, int st) { mbar_wait(&bar[warp][st], (i / S) & 1); };  // its (i / S)-th fill landed
-  auto read = [&](int st, int c) { return bulk_chunk<UP>(ring[warp][st], c, lr0, lr1, sh0, sh1, lane4); };
-  staged_products<S, NT>(n_chunks, warp, lane4, xrow, xok, acc, acc2, issue, wait, read);
-  // Every copy issued was waited for (a stage is filled only for a chunk this warp consumes), so none
-  // is in flight when the CTA exits. The next tile initialises the same barriers again: PTX leaves
-  // an init over a valid mbarrier undefined, so they are invalidated first, after every lane's
-  // last wait (the loop's __syncwarp orders those; this one covers warps with no stage).
-  __syncwarp();
-  if (lane == 0) {
-#pragma unroll
-    for (int st = 0; st < S; ++st)
-      asm volatile("mbarrier.inval.shared::cta.b64 [%0];" ::"r"(smem_u32(&bar[warp][st])) : "memory");
-  }
-  __syncwarp();
 }
 #endif
 
@@ -716,13 +553,7 @@ __device__ __forceinline__ void tile(const Args& a, const Blocks& b, int blk, in
   // while one computes, the loads of the next DEPTH are issued (a BF16 chunk is 4x the bytes and
   // registers of an NVFP4 one: one is in flight).
   const int n_chunks = K / kChunk;
-  if constexpr (FP4 && MOE_BULK) {
-#if MOE_BULK
-    bulk_ring_products<NT, UP>(a.codes + e * a.s_ce + rt * 16 * a.s_cr, a.s_cr,
-                               a.scales + e * a.s_se + rt * 16 * a.s_sr, a.s_sr, n_chunks, warp, g * 4 + lane4, g,
-                               lane4, xrow, xok, acc, acc2);
-#endif
-  } else if constexpr (FP4 && MOE_ROW_RING) {
+  if constexpr (FP4 && MOE_ROW_RING) {
 #if MOE_ROW_RING
     row_ring_products<NT, UP>(a.codes + e * a.s_ce + rt * 16 * a.s_cr, a.s_cr, a.scales + e * a.s_se + rt * 16 * a.s_sr,
                               a.s_sr, n_chunks, warp, g * 4 + lane4, g, lane4, xrow, xok, acc, acc2);
