@@ -266,6 +266,8 @@ def main() -> None:
         "copy_ceiling_tb_s": ceiling,
         "bf16_linear_read_tb_s": read_ceiling,
         "results": results,
+        # What "default dispatch" ran: the shipped CudaTiles (default builds change between commits).
+        "default_build": tiles_doc(CudaTiles()),
         "kernels": kernel_stats(args.dump_dir),
     }  # fmt: skip
     args.result_file.parent.mkdir(parents=True, exist_ok=True)

@@ -222,14 +222,16 @@ def _is_build(tiles: dict, build: str, default: str, spec_of) -> bool:
     return tiles.get("path") == "cuda" and tiles.get("nt", 1) == 1 and spec_of(tiles) == build
 
 
-def _changed_fields(spec: str, default: str) -> str:
-    """A build spec (moe_build.spec_of) as the fields where it differs from the shipped build."""
+def _changed_fields(spec: str, default: str, ran: dict) -> str:
+    """A build spec (moe_build.spec_of) as the fields where it differs from the run's default build
+    (`ran`: the fields the run recorded of it, over the shipped build's)."""
     if spec == default:
         return spec
     from benchmark.moe_build import parse
 
-    shipped, tiles = parse(""), parse(spec)
-    diff = [f"{k}={getattr(tiles, k)}" for k in vars(shipped) if getattr(tiles, k) != getattr(shipped, k)]
+    shipped, tiles = vars(parse("")), parse(spec)
+    base = {k: ran.get(k, v) for k, v in shipped.items()}
+    diff = [f"{k}={getattr(tiles, k)}" for k in base if getattr(tiles, k) != base[k]]
     return ",".join(diff) or default
 
 
@@ -241,7 +243,10 @@ def moe_table(d: dict) -> str:
     from benchmark.moe_build import DEFAULT, pick, spec_of
 
     ceiling = d.get("bf16_linear_read_tb_s")
-    build, best = DEFAULT, _changed_fields(pick(d), DEFAULT)
+    # The fastest build, named by the fields where it differs from the run's own default (recorded
+    # since the row ring became the default; older runs' default was the chunk ring, row_ring=0).
+    ran = d.get("default_build") or {"row_ring": 0}
+    build, best = DEFAULT, _changed_fields(pick(d), DEFAULT, ran)
     rows = []
     for r in d["results"]:
         ok = [v for v in r["variants"] if "ms" in v]
@@ -258,8 +263,9 @@ def moe_table(d: dict) -> str:
         ])  # fmt: skip
     header = ["batch", "experts hit", "MB", "us", "TB/s", "of 4.3", "of read ceiling", "routed alone TB/s",
               "sinks alone TB/s", "best variant TB/s", "GEMV path TB/s"]  # fmt: skip
-    return (f"Fused NVFP4 MoE (routed W4A16 + BF16 sinks), {config_of(d)}, CUDA graphs, the shipped default "
-            f"build; the sweep's fastest over its batch sizes: '{best}'; read ceiling = a batch-1 BF16 linear "
+    default = "the default build of that commit" if "default_build" not in d else "the default build"
+    return (f"Fused NVFP4 MoE (routed W4A16 + BF16 sinks), {config_of(d)}, CUDA graphs, {default} "
+            f"(row_ring={ran.get('row_ring')}); the sweep's fastest over its batch sizes: '{best}'; read ceiling = a batch-1 BF16 linear "
             f"over 1 GiB, {f(ceiling)} TB/s in the same run. (source: {source(d)})\n\n" + table(header, rows))
 
 
