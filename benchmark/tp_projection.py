@@ -82,7 +82,7 @@ def memory_plan(
     p: dict, usable_bytes: int, window: int, context_len: int, fraction: float = DEFAULT_MEM_FRACTION
 ) -> dict:
     """KV capacity on one rank as scheduler_memory.size_pools sizes it on cuda (MTP off, defaults):
-    budget = fraction x memory free after the weights; the sliding window of every running request
+    budget = fraction x the GPU's memory, less the weights (static_budget); the sliding window of every running request
     and the short-conv state plus its checkpoints are set aside; the rest holds tokens at full +
     sliding KV bytes each. One request can hold all of those tokens (the full layers keep every one),
     up to the context length."""
@@ -90,7 +90,7 @@ def memory_plan(
     weights = p["weights_gb_per_rank"] * 1e9
     full_b, swa_b = p["kv_bytes_per_token_per_rank_full_layers"], p["kv_bytes_per_token_per_rank_sliding_layers"]
     free = usable_bytes - weights
-    budget = fraction * free
+    budget = scheduler_memory.static_budget(True, fraction, int(free), usable_bytes)
     ckpt = 2 * running * p["sconv_state_bytes_per_request_per_rank"]
     reserve = running * (window + 1) * swa_b + ckpt
     tokens = int((budget - reserve) // (full_b + swa_b)) if budget > reserve else 0

@@ -77,11 +77,21 @@ def mtp_bytes_per_request(model: InklingForCausalLM, num_steps: int) -> int:
     return total + 4 * num_steps * model.cfg.hidden_size + 8 * num_steps + lagged
 
 
-def _free_bytes(device: torch.device) -> int:
+def static_budget(on_cuda: bool, fraction: float, free: int, total: int) -> int:
+    """Bytes the cache and the live state may take (--mem-fraction-static). On CUDA, as upstream,
+    `fraction` of the GPU's memory holds the weights and the cache: what is in use already (the
+    weights) comes off it, and the rest of the card stays free for activations, CUDA graphs and
+    communication buffers whatever the weights' size (a fraction of the memory left after large
+    weights left a prefill too little). On the CPU, `fraction` of the free memory."""
+    return int(fraction * total) - (total - free) if on_cuda else int(fraction * free)
+
+
+def _memory(device: torch.device) -> tuple[int, int]:
+    """(free, total) bytes of the device."""
     if device.type == "cuda":
-        return torch.cuda.mem_get_info(device)[0]
-    pages, page = os.sysconf("SC_AVPHYS_PAGES"), os.sysconf("SC_PAGE_SIZE")
-    return pages * page
+        return torch.cuda.mem_get_info(device)
+    page = os.sysconf("SC_PAGE_SIZE")
+    return os.sysconf("SC_AVPHYS_PAGES") * page, os.sysconf("SC_PHYS_PAGES") * page
 
 
 def size_pools(model: InklingForCausalLM, args, context_len: int) -> PoolSizes:
@@ -106,14 +116,23 @@ def size_pools(model: InklingForCausalLM, args, context_len: int) -> PoolSizes:
         total = args.max_total_tokens
     else:
         fraction = args.mem_fraction_static or (0.85 if on_cuda else 0.25)
-        # What is left after the weights (already resident) goes to the cache and the live state.
-        budget = int(_free_bytes(device) * fraction)
+        free, capacity = _memory(device)
+        budget = static_budget(on_cuda, fraction, free, capacity)
         needs = running * (window + 1) + chunk + window  # running requests' windows, a chunk in flight
         reserve = needs * swa_b + running * model_sconv_bytes(model) + in_flight * ckpt_b
         if steps:
             reserve += (running + 1) * mtp_bytes_per_request(model, steps)
         per_token = full_b + SWA_SHARE * swa_b + ckpt_b * (1 / interval + 2 / chunk)
-        total = max(1, int((budget - reserve) // per_token))
+        total = int((budget - reserve) // per_token)
+        if total < chunk + window:
+            gib = 2**30
+            raise ValueError(
+                f"--mem-fraction-static {fraction}: {budget / gib:.1f} GiB for the cache after "
+                f"{(capacity - free) / gib:.1f} GiB in use of {capacity / gib:.1f} GiB, of which "
+                f"{reserve / gib:.1f} GiB are set aside for {running} running requests; that leaves "
+                f"{max(total, 0)} KV tokens, less than one prefill chunk ({chunk}) and a window: raise "
+                f"--mem-fraction-static, or lower --max-running-requests or --chunked-prefill-size"
+            )
         if not on_cuda:
             total = min(total, _CPU_MAX_TOKENS)
     # The interval grid over the whole cache, plus the checkpoint before each chunk end (a prompt

@@ -42,9 +42,23 @@ def test_memory_plan_nvfp4_on_8_h200():
     rows = {(r["gpu"], r["gpus"], r["ep"], r["routed_experts"]): r for r in tp_projection.plans()}
     h200 = rows[("H200", 8, 8, "nvfp4")]
     assert h200["fits"] and 60 < h200["weights_gib_per_rank"] < 80 and h200["kv_budget_gib_per_rank"] > 40
+    # As upstream: 85% of the card holds weights and cache, the rest is left to activations.
+    assert abs(h200["kv_budget_gib_per_rank"] - (0.85 * tp_projection.GPUS["H200"] / 2**30 - h200["weights_gib_per_rank"])) < 1e-6
     assert h200["longest_context_one_request"] == cfg.max_position_embeddings
     assert not rows[("H200", 8, 8, "bf16")]["fits"]  # BF16 Inkling needs two nodes
-    assert rows[("H200", 16, 16, "bf16")]["fits"]
+    two_nodes = tp_projection.project(slice_config(), 16, 16)  # and 95% of them for weights and cache
+    assert not tp_projection.memory_plan(two_nodes, tp_projection.GPUS["H200"], 512, 131072)["fits"]
+    assert tp_projection.memory_plan(two_nodes, tp_projection.GPUS["H200"], 512, 131072, 0.95)["fits"]
+
+
+def test_static_budget_is_a_fraction_of_the_card_on_cuda_and_of_the_free_memory_on_cpu():
+    from sgl_inkling.managers.scheduler_memory import static_budget
+
+    gib = 2**30
+    # 100 GiB of weights on a 140 GiB card: 0.85 x 140 - 100 = 19 GiB for the cache, 21 GiB left over.
+    assert static_budget(True, 0.85, 40 * gib, 140 * gib) == int(0.85 * 140 * gib) - 100 * gib
+    assert static_budget(True, 0.85, 10 * gib, 140 * gib) < 0  # weights past the fraction: refused later
+    assert static_budget(False, 0.25, 16 * gib, 24 * gib) == 4 * gib
 
 
 def test_bench_one_batch_nvfp4_smoke(tmp_path):

@@ -3,6 +3,7 @@ pools are sized so a checkpoint every interval fits over the whole cache."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from sgl_inkling.managers.scheduler_memory import checkpoint_bytes, size_pools
@@ -56,3 +57,13 @@ def test_pools_hold_a_checkpoint_every_interval_over_the_whole_cache(tiny_model)
     width = tiny_model.cfg.conv_kernel_size - 1
     chans = sum(sum(c) for c in tiny_model.sconv_channels().values())
     assert checkpoint_bytes(tiny_model) == 4 * width * chans  # fp32 model: fp32 inputs
+
+
+def test_a_fraction_that_leaves_no_cache_is_refused_naming_the_flag(tiny_model):
+    args = ServerArgs(device="cpu", mem_fraction_static=1e-9, max_running_requests=2)
+    args.check()
+    with pytest.raises(ValueError, match="--mem-fraction-static"):
+        size_pools(tiny_model, args, 4096)
+    args = ServerArgs(device="cpu", mem_fraction_static=0.05, max_running_requests=2)
+    args.check()
+    assert size_pools(tiny_model, args, 4096).max_total_tokens > 512  # a few GiB of RAM: room enough
