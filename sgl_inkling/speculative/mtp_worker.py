@@ -93,7 +93,14 @@ class MTPWorker(DraftControl, GrammarDrafts, LaggingDepths):
         measure the step costs from them. The scheduler calls this once every pool is allocated
         (the prefix cache's checkpoints hold the depths' carried state, so they come after
         __init__): the graphs are sized from the memory really left (graph_max_bs), not from
-        memory a pool is about to take."""
+        memory a pool is about to take. Kernels compiled here count as warm-up (jit_watch): no
+        request is waiting yet."""
+        from sgl_inkling_kernels.jit_watch import warming_up
+
+        with warming_up():
+            self._capture_graphs()
+
+    def _capture_graphs(self) -> None:
         runner, num_steps = self.runner, self.num_steps
         # Verify widths (k + 1 tokens per request) that replay from graphs: all of them when adaptive.
         widths = range(num_steps + 1, 0, -1) if self.adaptive else [num_steps + 1]

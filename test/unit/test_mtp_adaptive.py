@@ -253,3 +253,17 @@ def test_estimates_are_optimistic_only_where_evidence_is_missing():
     est = t.estimates()
     assert est[0] > 0.9 and est[1] < 0.1
     assert est[2] == pytest.approx(0.5)  # still never judged: at least its prior, the depth before is worse
+
+
+def test_mtp_graph_capture_counts_as_warm_up():
+    """Kernels compiled while the MTP graphs are captured and timed at start-up keep no request
+    waiting: jit_watch must not warn about them (it does about compiles once serving)."""
+    from types import SimpleNamespace
+
+    from sgl_inkling.speculative.mtp_worker import MTPWorker
+    from sgl_inkling_kernels import jit_watch
+
+    seen = []
+    worker = SimpleNamespace(_capture_graphs=lambda: seen.append(jit_watch._warming))
+    MTPWorker.capture_graphs(worker)
+    assert seen == [1] and jit_watch._warming == 0
