@@ -283,3 +283,27 @@ def test_a_failed_mixed_step_fails_its_prefill_only(pair, monkeypatch):
         s.kv.radix.flush()
     assert len(outs[0]) == 12 and outs[0] == outs[1]
 
+
+
+@pytest.mark.parametrize("which", ["mixed", "plain"])
+def test_prompt_logprobs_from_any_start_match_a_cold_forward(pair, tiny_model, which):
+    """Prompt logprobs from logprob_start_len k, prefilled in 64-token chunks (the rows before k are
+    not computed: logit_rows) and resumed from the prefix cache up to k, equal log_softmax of one cold
+    forward over the whole prompt at every position from k, for k at and around chunk boundaries."""
+    from .helpers import prompt_logits, seq_runner
+
+    s = pair[0] if which == "mixed" else pair[1]
+    prompt = random_prompt(330, seed=77)
+    ref = torch.log_softmax(prompt_logits(seq_runner(tiny_model), prompt).float(), dim=-1)
+    starts = [0, 1, 63, 64, 65, 130, 200, 329]
+    schedule = {i: [dict(rid=f"k{k}", ids=prompt, max_new_tokens=2,
+                         logprobs={"return_logprob": True, "logprob_start_len": k})]
+                for i, k in enumerate(starts)}  # fmt: skip
+    rec = drive(s, schedule)
+    for k in starts:
+        got = rec.inputs[f"k{k}"]
+        assert [t for _, t in got] == prompt[k:], k
+        want = [None if j == 0 else float(ref[j - 1, prompt[j]]) for j in range(k, len(prompt))]
+        assert (got[0][0] is None) == (k == 0), k
+        assert all(abs(g - w) < 1e-4 for (g, _), w in zip(got, want) if w is not None), k
+    assert rec.cached["k329"] > 0  # later starts resumed from the cache
