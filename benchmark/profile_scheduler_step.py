@@ -36,6 +36,7 @@ from benchmark.bench_one_batch import git_commit  # noqa: E402
 from benchmark.slice_dir import write_slice_dir  # noqa: E402
 from sgl_inkling.managers.io_struct import TokenizedGenerateReq  # noqa: E402
 from sgl_inkling.managers.scheduler import Scheduler  # noqa: E402
+from sgl_inkling.model_executor.cuda_graph_runner import bucket_for  # noqa: E402
 from sgl_inkling.sampling.sampling_params import SamplingParams  # noqa: E402
 from sgl_inkling.server_args import ServerArgs  # noqa: E402
 
@@ -98,7 +99,7 @@ def main() -> None:
     # The device's part alone: the same batch's decode graph replayed back to back.
     graph_ms = None
     if s.runner.graphs is not None:
-        bucket = s.runner.graphs.graphs[min(b for b in s.runner.graphs.graphs if b >= a.batch_size)]
+        bucket = s.runner.graphs.graphs[bucket_for(s.runner.graphs.buckets, a.batch_size)]
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         bucket.replay()
         start.record()

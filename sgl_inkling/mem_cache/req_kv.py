@@ -175,16 +175,20 @@ class ReqKVManager:
     def release_windows(self, reqs: list[Req]) -> None:
         """release_window for a batch: one free and one table write for all of them (a decode step
         slides every request's window by one slot)."""
-        rows, positions = [], []
+        spans = []  # (row, lo, hi): positions [lo, hi) of the row go
         for req in reqs:
             lo = max(req.swa_released, req.owned)
             hi = max(0, req.kv_len - self.window + 1)
             if hi > lo:
-                rows += [req.row] * (hi - lo)
-                positions += range(lo, hi)
+                spans.append((req.row, lo, hi))
             req.swa_released = max(req.swa_released, hi)
-        if rows:
-            rows_t, positions_t = torch.tensor(rows, dtype=torch.int64), torch.tensor(positions, dtype=torch.int64)
+        if spans:
+            # Every span's positions at once (a prefill chunk's span is thousands long, a decode
+            # step's spans one each): rows repeated by span length, positions lo.. per span.
+            row, lo, hi = torch.tensor(spans, dtype=torch.int64).unbind(1)
+            counts = hi - lo
+            rows_t = row.repeat_interleave(counts)
+            positions_t = torch.arange(int(counts.sum())) + (lo - (counts.cumsum(0) - counts)).repeat_interleave(counts)
             self.swa.free(self.rows.read_points("swa", rows_t, positions_t))
             self.rows.write_points("swa", rows_t, positions_t, torch.zeros_like(rows_t))
 

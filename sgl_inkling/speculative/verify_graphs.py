@@ -55,7 +55,7 @@ def kept_logits_bytes(runner, widths, max_bs: int) -> int:
     """Bytes of logits the verify graphs keep alive with buckets up to max_bs: every (width,
     bucket) graph holds its own outputs (bucket x width x vocabulary at the model's dtype) between
     replays, so they add up over widths and buckets; only the captures' temporaries share the pool."""
-    vocab, item = runner.model.cfg.vocab_size, torch.empty((), dtype=runner.dtype).element_size()
+    vocab, item = runner.model.cfg.vocab_size, runner.dtype.itemsize
     return sum(buckets_up_to(max_bs)) * sum(widths) * vocab * item if max_bs > 0 else 0
 
 
