@@ -332,11 +332,12 @@ def main(argv: list[str] | None = None) -> dict:
             n = args.num_prompts[min(i, len(args.num_prompts) - 1)] if args.num_prompts else max(2 * c, 8)
             prompts = make_prompts(n, args.random_input_len, args.random_output_len, args.random_range_ratio,
                                    args.seed)  # fmt: skip
-            mixed_before = _mixed_counts(base)
+            before = _counters(base)
             results, duration = run_level(base, prompts, c, args.request_timeout)
             run = summarize(results, duration, c)
-            after = _mixed_counts(base)
-            run["mixed_steps"] = {k: after.get(k, 0) - mixed_before.get(k, 0) for k in after}
+            after = _counters(base)
+            run["mixed_steps"] = {k: after[k] - before.get(k, 0) for k in MIXED_COUNTERS if k in after}
+            run["scheduler_counters"] = {k: after[k] - before.get(k, 0) for k in after if k not in MIXED_COUNTERS}
             if engine is not None:  # exact lengths only: with a range ratio the figure is approximate
                 run["back_to_back"] = back_to_back(engine, c, n, args.random_input_len, args.random_output_len,
                                                    {**info, **states[0]})  # fmt: skip
@@ -353,11 +354,18 @@ def main(argv: list[str] | None = None) -> dict:
     return result
 
 
-def _mixed_counts(base: str) -> dict:
-    """The scheduler's mixed-step counters (steps whose prefill carried decode tokens)."""
+MIXED_COUNTERS = ("num_mixed_steps", "num_mixed_decode_tokens")  # steps whose prefill carried decode tokens
+# Counters a level's row carries the change of: what explains a slow level (evictions, retractions,
+# steps that could not overlap).
+COUNTERS = MIXED_COUNTERS + ("num_retracted_reqs", "overlap_decode_steps", "sync_decode_steps", "overlap_mixed_steps")
+COUNTER_PREFIXES = ("radix_evicted_", "radix_thinned_")
+
+
+def _counters(base: str) -> dict:
+    """The scheduler's counters (internal_states of /get_server_info) named by COUNTERS and COUNTER_PREFIXES."""
     status, data = request_json(base, "GET", "/get_server_info")
     st = (_loads(data).get("internal_states") or [{}])[0] if status == 200 else {}
-    return {k: st[k] for k in ("num_mixed_steps", "num_mixed_decode_tokens") if k in st}
+    return {k: v for k, v in st.items() if k in COUNTERS or k.startswith(COUNTER_PREFIXES)}
 
 
 def print_row(r: dict) -> None:

@@ -32,6 +32,7 @@ class Backend:
             p.join(timeout=10)
             if p.is_alive():
                 p.kill()
+                p.join(timeout=10)  # gone before returning: a GPU process still exiting holds its memory
 
 
 def _run_scheduler(

@@ -16,7 +16,7 @@ from sgl_inkling.managers import io_struct as io
 from sgl_inkling.managers.schedule_batch import Req
 from sgl_inkling.managers.schedule_policy import SchedulePolicy
 from sgl_inkling.managers.scheduler_faults import FaultIsolationMixin
-from sgl_inkling.managers.scheduler_memory import size_pools
+from sgl_inkling.managers.scheduler_memory import log_memory, size_pools
 from sgl_inkling.managers.scheduler_overlap import OverlapDecodeMixin
 from sgl_inkling.managers.scheduler_prefill import PrefillMixin
 from sgl_inkling.managers.scheduler_sampling import SamplingMixin
@@ -42,6 +42,8 @@ class Scheduler(OverlapDecodeMixin, SamplingMixin, PrefillMixin, SpecDecodeMixin
             quantization=server_args.quantization, need_mtp=server_args.speculative_algorithm is not None,
         )  # fmt: skip
         cfg = model.cfg
+        dev = next(model.parameters()).device
+        log_memory("weights loaded", dev)
         self.context_len = server_args.context_length or cfg.max_position_embeddings
         sizes = size_pools(model, server_args, self.context_len)
         spec_steps = server_args.speculative_num_steps or model.num_mtp_layers
@@ -56,6 +58,7 @@ class Scheduler(OverlapDecodeMixin, SamplingMixin, PrefillMixin, SpecDecodeMixin
             cuda_graph_max_bs=0 if server_args.disable_cuda_graph else server_args.cuda_graph_max_bs,
         )
         self.sizes = sizes
+        log_memory(f"KV pools ({sizes.max_total_tokens} full, {sizes.max_swa_tokens} sliding tokens) and decode graphs", dev)
         self.vocab = cfg.unpadded_vocab_size
         self.grammar = create_backend(server_args, self.tokenizer, self.vocab)
         self.spec = None
@@ -84,8 +87,10 @@ class Scheduler(OverlapDecodeMixin, SamplingMixin, PrefillMixin, SpecDecodeMixin
             num_checkpoints=sizes.num_checkpoints,
             interval=sizes.checkpoint_interval,
         )
+        log_memory(f"prefix cache ({sizes.num_checkpoints} conv checkpoints)", dev)
         if self.spec is not None:  # its graphs take what is left after every pool
             self.spec.capture_graphs()
+            log_memory("MTP verify and draft graphs", dev)
         self.policy = SchedulePolicy(server_args.schedule_policy, self.kv.radix)
         self.sampler = Sampler(server_args.random_seed, return_original_logprob=True)
         self.waiting: deque[Req] = deque()

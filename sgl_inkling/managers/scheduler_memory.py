@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass
 
@@ -10,6 +11,8 @@ import torch
 from sgl_inkling.distributed.sync import min_over_ranks
 from sgl_inkling.models.inkling.model import InklingForCausalLM
 from sgl_inkling.server_args import DEFAULT_SCONV_CHECKPOINT_INTERVAL
+
+logger = logging.getLogger(__name__)
 
 # On the CPU the defaults stay small: tests and demos, not capacity.
 _CPU_MAX_TOKENS = 65536
@@ -84,6 +87,17 @@ def static_budget(on_cuda: bool, fraction: float, free: int, total: int) -> int:
     communication buffers whatever the weights' size (a fraction of the memory left after large
     weights left a prefill too little). On the CPU, `fraction` of the free memory."""
     return int(fraction * total) - (total - free) if on_cuda else int(fraction * free)
+
+
+def log_memory(stage: str, device: torch.device) -> None:
+    """Log the device memory after a start-up stage (as upstream's 'avail mem=' lines), so a start-up
+    that runs out of memory shows which stage took it."""
+    if device.type != "cuda":
+        return
+    free, total = torch.cuda.mem_get_info(device)
+    gib = 2**30
+    logger.info("%s: %.1f GiB allocated by this process, %.1f GiB of %.1f GiB free on %s", stage,
+                torch.cuda.memory_allocated(device) / gib, free / gib, total / gib, device)  # fmt: skip
 
 
 def _memory(device: torch.device) -> tuple[int, int]:

@@ -75,6 +75,7 @@ class RadixCache(RadixEviction):
         self.root = TreeNode([], empty, empty, None, 0)
         self.root.lock_ref = 1  # never evicted
         self._prune_later: set[TreeNode] = set()  # locked when their sliding KV became unneeded
+        self._lock_ends: dict[int, float] | None = None  # per evict call (radix_eviction.py)
 
     # ---------------------------------------------------------------- structure
 

@@ -76,12 +76,14 @@ class RadixEviction:
 
         if not short():
             return
+        self._lock_ends = None  # filled on first use: locks do not change while evicting
         if short_thinnable():
             self._prune_deferred()  # windows kept only because their node was locked when thinned
             if short_thinnable():
                 self._thin(short_thinnable, locked=self.ckpts.available < ckpts)
         if short():
             self._drop_leaves(short)
+        self._lock_ends = None
 
     # ---------------------------------------------------------------- thinning
 
@@ -119,10 +121,19 @@ class RadixEviction:
 
     def _lowest_lock_end(self, node) -> float:
         """The shallowest prefix end at or below `node` where a request holds its lock (the lock
-        count a node has beyond its children's), else inf."""
-        if node.lock_ref > sum(c.lock_ref for c in node.children.values()):
-            return node.end
-        return min((self._lowest_lock_end(c) for c in node.children.values() if c.lock_ref > 0), default=math.inf)
+        count a node has beyond its children's), else inf. Computed for every node in one pass per
+        evict call (children before parents): asked per candidate and per pruned node, a walk down
+        each locked path cost 119 ms a decode step with 60 running 8K-token prompts on a CPU."""
+        if self._lock_ends is None:
+            ends: dict[int, float] = {}
+            for n in reversed(self._nodes()):  # _nodes lists every parent before its children
+                kids = n.children.values()
+                if n.lock_ref > sum(c.lock_ref for c in kids):
+                    ends[id(n)] = n.end
+                else:
+                    ends[id(n)] = min((ends[id(c)] for c in kids if c.lock_ref > 0), default=math.inf)
+            self._lock_ends = ends
+        return self._lock_ends[id(node)]
 
     def _prune_node(self, node) -> None:
         """Free the node's sliding KV that neither a checkpoint's window nor a running request reads."""

@@ -53,10 +53,11 @@ SAMPLED_BYTES_PER_LOGIT = 4 + 4 + 4
 
 def kept_logits_bytes(runner, widths, max_bs: int) -> int:
     """Bytes of logits the verify graphs keep alive with buckets up to max_bs: every (width,
-    bucket) graph holds its own outputs (bucket x width x vocabulary at the model's dtype) between
-    replays, so they add up over widths and buckets; only the captures' temporaries share the pool."""
-    vocab, item = runner.model.cfg.vocab_size, runner.dtype.itemsize
-    return sum(buckets_up_to(max_bs)) * sum(widths) * vocab * item if max_bs > 0 else 0
+    bucket) graph holds its own outputs (bucket x width x padded vocabulary in float32, as the LM
+    head returns them whatever the model's dtype) between replays, so they add up over widths and
+    buckets; only the captures' temporaries share the pool. (Counted at the model's dtype, a bf16
+    model was given twice the batches that fit: the bf16 MTP slice ran out of memory capturing.)"""
+    return sum(buckets_up_to(max_bs)) * sum(widths) * runner.model.cfg.vocab_size * 4 if max_bs > 0 else 0
 
 
 def graph_max_bs(runner, widths, free_bytes: int | None = None) -> int:

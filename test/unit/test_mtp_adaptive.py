@@ -140,11 +140,13 @@ def _kept_by_brute_force(widths, buckets, vocab: int, item: int) -> int:
     return sum(b * w * vocab * item for w in widths for b in buckets)
 
 
-@pytest.mark.parametrize("dtype,item", [(torch.bfloat16, 2), (torch.float32, 4)])
-def test_speculative_graph_batches_follow_cuda_graph_max_bs_where_memory_allows(dtype, item):
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_speculative_graph_batches_follow_cuda_graph_max_bs_where_memory_allows(dtype):
     """graph_max_bs counts the logits every (width, bucket) verify graph keeps alive (adaptive MTP8
     captures 9 widths: 45 rows of logits per request of every bucket, not 9 of the largest), so a
-    model whose free memory held 128 of them by the old count is cut to what really fits."""
+    model whose free memory held 128 of them by the old count is cut to what really fits. The
+    logits are float32 at either model dtype (test_verify_logits_are_float32_in_a_bf16_model)."""
+    item = 4
     from sgl_inkling.model_executor.cuda_graph_runner import buckets_up_to
     from sgl_inkling.speculative.verify_graphs import LOGITS_MEMORY_SHARE, graph_max_bs, kept_logits_bytes
 
@@ -170,6 +172,18 @@ def test_speculative_graph_batches_follow_cuda_graph_max_bs_where_memory_allows(
     big = _graph_runner(128, 201_024, torch.float32)
     assert kept_logits_bytes(big, adaptive, 128) > 25e9
     assert 0 < graph_max_bs(big, adaptive, 21 * 2**30) < 128
+
+
+def test_verify_logits_are_float32_in_a_bf16_model(tiny_path):
+    """What graph_max_bs counts 4 bytes a logit for: the logits a bf16 model returns (and a verify
+    graph keeps) are float32, over the padded vocabulary in memory."""
+    from sgl_inkling.model_executor.model_loader import load_model
+
+    model = load_model(tiny_path, torch.bfloat16, "cpu")
+    h = torch.randn(3, model.cfg.hidden_size, dtype=torch.bfloat16)
+    logits = model.logits(h)
+    assert logits.dtype == torch.float32
+    assert logits.untyped_storage().nbytes() >= 3 * model.cfg.vocab_size * 4
 
 
 def _control(costs: list[float]):
