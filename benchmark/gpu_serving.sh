@@ -8,7 +8,10 @@
 #   2. bench_serving with --enable-mixed-chunk (the default without MTP): 8K in / 1K out at
 #      concurrency 64, 1, 16, 256 (most important first: a time-out keeps the levels done); prompts per
 #      level 64, 2, 16, 96 (the 256 level uses 96 prompts: the JSON says so);
-#   3. the same server with --no-enable-mixed-chunk at concurrency 64, then 16, with what is left.
+#   3. the same server with --no-enable-mixed-chunk at concurrency 64, then 16, with what is left;
+#   4. CHUNKS="2048 4096" (optional): concurrency 64 again with mixed chunks under each
+#      --chunked-prefill-size (more, smaller mixed steps give the running requests more decode
+#      tokens while the wave prefills), one server each, in bench_serving_<model>_mixed_chunk<N>.json.
 # The time left after stages 0-1 goes 55% / 45% to stages 2 / 3; each writes its JSON after every
 # level and stops its server on time-out, so a cut run keeps the levels it finished.
 # Each level's JSON row carries its back-to-back figure from stage 1 (benchmark/back_to_back.py).
@@ -56,6 +59,12 @@ stage serving_mixed "$lim" "$PY" "${BENCH[@]}" --max-concurrency "${LEVELS[@]}" 
 lim=$(( $(left) - 5 ))
 [ "$lim" -gt 20 ] && stage serving_plain "$lim" "$PY" "${BENCH[@]}" --max-concurrency 64 16 --num-prompts 64 16 \
   --note "$NOTE" --output-file "$OUT/bench_serving_${NAME}_plain.json" -- "${SERVER[@]}" --no-enable-mixed-chunk
+for n in ${CHUNKS:-}; do
+  lim=$(( $(left) - 5 ))
+  [ "$lim" -gt 60 ] && stage "serving_chunk$n" "$lim" "$PY" "${BENCH[@]}" --max-concurrency 64 --num-prompts 64 \
+    --note "$NOTE; --chunked-prefill-size $n" --output-file "$OUT/bench_serving_${NAME}_mixed_chunk$n.json" -- \
+    "${SERVER[@]}" --enable-mixed-chunk --chunked-prefill-size "$n"
+done
 "$PY" benchmark/results_table.py "$OUT" --include-cpu 2>&1 | tee "$OUT/results_table.md"
 echo "== done ($((SECONDS - START)) s)"
 exit $status

@@ -54,6 +54,23 @@ class GrammarMasker:
         self._apply_kernel(logits, bitmask, rows)
         return rows
 
+    def warm_up(self, device: torch.device, max_rows: int) -> None:
+        """Compile xgrammar's Triton mask kernel for what serving calls it with (all rows, or a list
+        of rows; row counts of 1, a multiple of 16 and others, which Triton compiles apart), so the
+        first constrained request waits for no compile (jit_watch reported one after warm-up)."""
+        if device.type != "cuda":
+            return
+        from sgl_inkling_kernels.jit_watch import warming_up
+
+        n = max(max_rows, 2)
+        logits = torch.zeros(n, self.vocab_size, dtype=torch.float32, device=device)
+        bitmask = torch.full(xgr.get_bitmask_shape(n, self.vocab_size), -1, dtype=xgr.bitmask_dtype, device=device)
+        with warming_up():
+            for rows in {1, 2, min(16, n), n}:
+                self._apply_kernel(logits[:rows], bitmask[:rows], list(range(rows)))  # every row
+                self._apply_kernel(logits, bitmask, list(range(rows)))  # some rows (indices)
+        torch.cuda.synchronize(device)
+
     def _apply_kernel(self, logits: torch.Tensor, bitmask: torch.Tensor, rows: list[int]) -> None:
         if logits.device.type == "cpu":
             _apply_on_cpu(logits, bitmask, rows, self.vocab_size)

@@ -61,6 +61,8 @@ class Scheduler(OverlapDecodeMixin, SamplingMixin, PrefillMixin, SpecDecodeMixin
         log_memory(f"KV pools ({sizes.max_total_tokens} full, {sizes.max_swa_tokens} sliding tokens) and decode graphs", dev)
         self.vocab = cfg.unpadded_vocab_size
         self.grammar = create_backend(server_args, self.tokenizer, self.vocab)
+        if self.grammar is not None:
+            self.grammar.masker.warm_up(dev, sizes.max_running_requests)
         self.spec = None
         if spec_on:  # before the prefix cache: its checkpoints copy the depths' carried state too
             from sgl_inkling.speculative.mtp_worker import MTPWorker

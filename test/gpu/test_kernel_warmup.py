@@ -45,3 +45,34 @@ def test_no_compile_after_warmup(tiny_path, dtype):
         x = torch.randn(3, 72, device="cuda", dtype=dtype)
         rmsnorm(x, torch.ones(72, device="cuda", dtype=dtype), 1e-6)
     assert len(control) >= 1
+
+
+def test_grammar_mask_kernel_compiles_at_start_up():
+    """xgrammar's Triton mask kernel, warmed up as the scheduler does at start-up, compiles nothing
+    for any batch of constrained rows (all rows of batches 1 to 40, and every subset size of a batch
+    of 40), and masks exactly: allowed tokens keep their logit, the rest become -inf."""
+    import xgrammar as xgr
+
+    from sgl_inkling.constrained.mask import GrammarMasker, unpack_bitmask
+    from sgl_inkling_kernels.jit_watch import compile_watch
+
+    vocab, max_rows = 1000, 40
+    masker = GrammarMasker(vocab)
+    masker.warm_up(torch.device("cuda"), max_rows)
+    g = torch.Generator().manual_seed(0)
+    bits = torch.randint(-(2**31), 2**31 - 1, xgr.get_bitmask_shape(max_rows, vocab), generator=g, dtype=torch.int64)
+    bitmask = bits.to(xgr.bitmask_dtype).cuda()
+    with compile_watch() as compiled:
+        for bs in range(1, max_rows + 1):
+            logits = torch.randn(bs, vocab, device="cuda")
+            want = logits.clone().masked_fill_(~unpack_bitmask(bitmask[:bs].cpu(), vocab).cuda(), float("-inf"))
+            masker._apply_kernel(logits, bitmask[:bs], list(range(bs)))
+            assert torch.equal(logits, want)
+            sub = list(range(0, bs, 2))
+            logits = torch.randn(max_rows, vocab, device="cuda")
+            want = logits.clone()
+            want[sub] = want[sub].masked_fill(~unpack_bitmask(bitmask[sub].cpu(), vocab).cuda(), float("-inf"))
+            masker._apply_kernel(logits, bitmask, sub)
+            assert torch.equal(logits, want)
+        torch.cuda.synchronize()
+    assert compiled == [], f"{len(compiled)} mask kernel(s) compiled after warm-up: {compiled[:3]}"
