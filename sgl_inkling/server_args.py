@@ -102,6 +102,7 @@ class ServerArgs:
     log_level: str = "info"
     enable_metrics: bool = False
     watchdog_timeout: float = 300.0
+    gc_warning_threshold_secs: float = 0.0  # log garbage collections longer than this (0: off)
     log_requests: bool = False
     log_requests_level: int = 2
     enable_cache_report: bool = False
@@ -244,6 +245,9 @@ class ServerArgs:
                        help="Serve Prometheus metrics at /metrics (404 without this flag, as upstream).")
         g.add_argument("--watchdog-timeout", type=float, default=d.watchdog_timeout,
                        help="Seconds one scheduler step may take; a longer one is a hang and the server exits.")
+        g.add_argument("--gc-warning-threshold-secs", type=float, default=d.gc_warning_threshold_secs,
+                       help="Log a warning for every garbage collection longer than this many seconds in a "
+                            "serving process (0: off). Objects alive after start-up are frozen out of them.")
         g.add_argument("--log-requests", action="store_true", help="Log every request and its result.")
         g.add_argument("--log-requests-level", type=int, choices=(0, 1, 2, 3), default=d.log_requests_level,
                        help="0: metadata; 1: and sampling params; 2: and the first 2048 characters of "
@@ -313,6 +317,8 @@ class ServerArgs:
             fail("--mem-fraction-static", f"must be in (0, 1), got {self.mem_fraction_static}")
         if self.allowed_local_media_path is not None and not os.path.isdir(self.allowed_local_media_path):
             fail("--allowed-local-media-path", f"{self.allowed_local_media_path!r} is not a directory")
+        if not 0 <= self.gc_warning_threshold_secs < float("inf"):
+            fail("--gc-warning-threshold-secs", f"must be a number of seconds >= 0, got {self.gc_warning_threshold_secs}")
         if not 0 <= self.graceful_shutdown_timeout < float("inf"):
             fail("--graceful-shutdown-timeout", f"must be a number of seconds >= 0, got {self.graceful_shutdown_timeout}")
         if self.context_length is not None and self.context_length < 1:

@@ -12,6 +12,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, StrictBool, StrictStr, ValidationError
 
+from sgl_inkling.entrypoints.gc_control import freeze_after_startup, warn_long_collections
 from sgl_inkling.entrypoints.guard import GuardMiddleware
 from sgl_inkling.entrypoints.load import replica_loads
 from sgl_inkling.entrypoints.native_output import engine_error, sse_events
@@ -189,6 +190,8 @@ async def _announce(tm: TokenizerManager, server_args) -> None:
         obj = GenerateReqInput(text="Hello", sampling_params={"max_new_tokens": 2, "temperature": 0})
         async for _ in tm.generate_request(obj):
             pass
+    warn_long_collections(server_args.gc_warning_threshold_secs, "tokenizer manager")
+    freeze_after_startup("tokenizer manager")  # the HTTP process: its pauses delay every stream too
     logger.info(
         "The server is fired up and ready to roll! (http://%s:%d)", server_args.host, server_args.port
     )

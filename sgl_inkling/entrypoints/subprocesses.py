@@ -8,6 +8,7 @@ import traceback
 from dataclasses import dataclass
 
 from sgl_inkling.distributed.launch import GroupReady, dist_init_method, local_tp_ranks
+from sgl_inkling.entrypoints.gc_control import freeze_after_startup, warn_long_collections
 from sgl_inkling.managers.subprocess_utils import configure_logging, die_with_parent, ipc_addresses
 
 logger = logging.getLogger(__name__)
@@ -55,6 +56,8 @@ def _run_scheduler(
     except BaseException as e:  # report load failures to the parent instead of hanging it
         pipe.send({"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()})
         return
+    warn_long_collections(server_args.gc_warning_threshold_secs, "scheduler")
+    freeze_after_startup("scheduler")
     pipe.send(sched.ready_info())
     sched.event_loop()
 
@@ -93,7 +96,10 @@ def _run_detokenizer(server_args, addrs: dict) -> None:
     configure_logging(server_args.log_level)
     from sgl_inkling.managers.detokenizer_manager import DetokenizerManager
 
-    DetokenizerManager(server_args.tokenizer_path, addrs["detokenizer"], addrs["tokenizer"]).event_loop()
+    detok = DetokenizerManager(server_args.tokenizer_path, addrs["detokenizer"], addrs["tokenizer"])
+    warn_long_collections(server_args.gc_warning_threshold_secs, "detokenizer")
+    freeze_after_startup("detokenizer")
+    detok.event_loop()
 
 
 def start_backend(server_args, model_path: str, serve: bool = True) -> Backend:

@@ -6,6 +6,7 @@ and sends BatchTokenOut to the detokenizer (control replies take the same route)
 
 from __future__ import annotations
 
+import gc
 import logging
 from collections import deque
 
@@ -188,6 +189,7 @@ class Scheduler(OverlapDecodeMixin, SamplingMixin, PrefillMixin, SpecDecodeMixin
             "num_waiting_reqs": len(self.waiting),
             "num_retracted_reqs": self.num_retracted,
             "num_finished_reqs": self.num_finished,
+            "gc_frozen_objects": gc.get_freeze_count(),  # start-up objects out of collections (gc_control.py)
             "enable_mixed_chunk": self.mixed_chunk,
             **self.mixed_counts,
             **grammar_stats(self.grammar),
