@@ -150,6 +150,21 @@ def run_level(base: str, prompts, concurrency: int, timeout: float) -> tuple[lis
     return results, time.perf_counter() - t0
 
 
+ITL_EDGES_MS = (0, 5, 10, 12, 15, 20, 50, 100, 200, 500, float("inf"))
+
+
+def itl_bins(itls_s: list[float]) -> list[dict]:
+    """Inter-token gaps by length: how many, and the time they add up to. Tells a level whose mean
+    gap exceeds its median from many slightly slow steps apart from a few long stalls."""
+    a = np.asarray(itls_s, dtype=float) * 1e3
+    out = []
+    for lo, hi in zip(ITL_EDGES_MS, ITL_EDGES_MS[1:]):
+        sel = a[(a >= lo) & (a < hi)]
+        out.append({"from_ms": lo, "to_ms": hi if hi != float("inf") else None, "count": int(sel.size),
+                    "total_s": float(sel.sum() / 1e3)})  # fmt: skip
+    return out
+
+
 def summarize(results: list[dict], duration: float, concurrency: int) -> dict:
     ok = [r for r in results if r["error"] is None and r["ttft"] is not None]
     ms = 1e3
@@ -178,6 +193,7 @@ def summarize(results: list[dict], duration: float, concurrency: int) -> dict:
         **stats("tpot", tpots),
         **stats("itl", [x for r in ok for x in r["itl"]]),
         **stats("e2e_latency", [r["e2e"] for r in ok]),
+        "itl_bins": itl_bins([x for r in ok for x in r["itl"]]),
         # Per request, for checks and later analysis (seconds).
         "requests": [{k: r[k] for k in ("prompt_len", "expected_output_len", "output_len", "ttft", "e2e", "error")}
                      for r in results],  # fmt: skip
