@@ -34,8 +34,10 @@ QARGS=()
 [ -n "$QUANT" ] && QARGS=(--quantization "$QUANT")
 read -r -a LEVELS <<< "${LEVELS:-64 1 16 256}"
 read -r -a PROMPTS <<< "${PROMPTS:-64 2 16 96}"
+# Stage and server logs end up in $OUT/logs.tgz (the device returns at most 8 files).
+LOGS="${LOGS:-/tmp/gpu_serving_logs}"
 if command -v nvidia-smi >/dev/null; then gpu_begin gpu_serving; else
-  START=$SECONDS; OUT="${OUT:-$PWD/benchmark/results/gpu_serving}"; mkdir -p "$OUT"; PY="${PYTHON:-python3}"; status=0
+  START=$SECONDS; OUT="${OUT:-$PWD/benchmark/results/gpu_serving}"; mkdir -p "$OUT" "$LOGS"; PY="${PYTHON:-python3}"; status=0
   export PYTHONPATH="$PWD/kernels:$PWD/python:$PWD${PYTHONPATH:+:$PYTHONPATH}"
 fi
 left() { echo $((BUDGET - (SECONDS - START))); }
@@ -66,5 +68,7 @@ for n in ${CHUNKS:-}; do
     "${SERVER[@]}" --enable-mixed-chunk --chunked-prefill-size "$n"
 done
 "$PY" benchmark/results_table.py "$OUT" --include-cpu 2>&1 | tee "$OUT/results_table.md"
+mv "$OUT"/*.server.log "$LOGS"/ 2>/dev/null
+tar -czf "$OUT/logs.tgz" -C "$LOGS" .
 echo "== done ($((SECONDS - START)) s)"
 exit $status
