@@ -21,6 +21,7 @@ import argparse
 import datetime as dt
 import http.client
 import json
+import os
 import queue
 import random
 import signal
@@ -348,10 +349,15 @@ def main(argv: list[str] | None = None) -> dict:
             n = args.num_prompts[min(i, len(args.num_prompts) - 1)] if args.num_prompts else max(2 * c, 8)
             prompts = make_prompts(n, args.random_input_len, args.random_output_len, args.random_range_ratio,
                                    args.seed)  # fmt: skip
-            before = _counters(base)
+            before, cpu0 = _counters(base), process_cpu(server)
             results, duration = run_level(base, prompts, c, args.request_timeout)
             run = summarize(results, duration, c)
-            after = _counters(base)
+            after, cpu1 = _counters(base), process_cpu(server)
+            if cpu0:
+                # Per serving process (and this client): CPU seconds per output token over the level.
+                # A process near 1 CPU-second per wall-second limits the token rate, not the GPU.
+                run["cpu_us_per_output_token"] = {k: 1e6 * (cpu1[k] - cpu0[k]) / max(run["total_output_tokens"], 1)
+                                                  for k in cpu1 if k in cpu0}  # fmt: skip
             run["mixed_steps"] = {k: after[k] - before.get(k, 0) for k in MIXED_COUNTERS if k in after}
             run["scheduler_counters"] = {k: after[k] - before.get(k, 0) for k in after if k not in MIXED_COUNTERS}
             if engine is not None:  # exact lengths only: with a range ratio the figure is approximate
@@ -368,6 +374,34 @@ def main(argv: list[str] | None = None) -> dict:
             server.stop()
     print(f"wrote {out}")
     return result
+
+
+def process_cpu(server) -> dict[str, float]:
+    """CPU seconds so far of the launched server's processes (by the names they give themselves,
+    subprocess_utils.name_process) and of this client; empty without a launched server or /proc."""
+    if server is None or not Path("/proc/self/stat").exists():
+        return {}
+    tick = os.sysconf("SC_CLK_TCK")
+    procs = {}  # pid -> (parent pid, name, CPU seconds)
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                name, rest = d.joinpath("stat").read_text().split(" (", 1)[1].rsplit(") ", 1)
+            except (OSError, ValueError, IndexError):
+                continue
+            f = rest.split()
+            procs[int(d.name)] = (int(f[1]), name, (int(f[11]) + int(f[12])) / tick)
+    out, stack = {}, [server.proc.pid]
+    while stack:
+        pid = stack.pop()
+        if pid not in procs:
+            continue
+        name = "http (tokenizer manager)" if pid == server.proc.pid else procs[pid][1]
+        out[name] = out.get(name, 0.0) + procs[pid][2]
+        stack += [p for p, (ppid, _, _) in procs.items() if ppid == pid]
+    t = os.times()
+    out["client (this process)"] = t.user + t.system
+    return out
 
 
 MIXED_COUNTERS = ("num_mixed_steps", "num_mixed_decode_tokens")  # steps whose prefill carried decode tokens

@@ -9,7 +9,12 @@ from dataclasses import dataclass
 
 from sgl_inkling.distributed.launch import GroupReady, dist_init_method, local_tp_ranks
 from sgl_inkling.entrypoints.gc_control import freeze_after_startup, warn_long_collections
-from sgl_inkling.managers.subprocess_utils import configure_logging, die_with_parent, ipc_addresses
+from sgl_inkling.managers.subprocess_utils import (
+    configure_logging,
+    die_with_parent,
+    ipc_addresses,
+    name_process,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -41,6 +46,7 @@ def _run_scheduler(
     init_method: str | None = None,
 ) -> None:  # fmt: skip
     die_with_parent()
+    name_process(f"sgl-sched-tp{rank}")
     configure_logging(server_args.log_level)
     try:
         import torch
@@ -64,6 +70,7 @@ def _run_scheduler(
 
 def _run_dp_controller(server_args, recv_addr: str, replica_in: list, replica_out: list, detok: str) -> None:
     die_with_parent()
+    name_process("sgl-dp-control")
     configure_logging(server_args.log_level)
     from sgl_inkling.managers.data_parallel_controller import DataParallelController
 
@@ -93,6 +100,7 @@ def _start_scheduler_group(ctx, server_args, model_path: str, recv_addr: str, se
 
 def _run_detokenizer(server_args, addrs: dict) -> None:
     die_with_parent()
+    name_process("sgl-detokenizer")
     configure_logging(server_args.log_level)
     from sgl_inkling.managers.detokenizer_manager import DetokenizerManager
 

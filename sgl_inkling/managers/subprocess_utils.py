@@ -13,6 +13,16 @@ import time
 _PR_SET_PDEATHSIG = 1
 
 
+def name_process(name: str) -> None:
+    """Name this process as `ps`, `top` and /proc/PID/comm show it (at most 15 characters; spawned
+    children are otherwise all "python"), as upstream titles its processes."""
+    try:
+        with open("/proc/self/comm", "w") as f:
+            f.write(name[:15])
+    except OSError:
+        pass
+
+
 def die_with_parent() -> None:
     """Ask the kernel to kill us when the parent exits; poll as a fallback where prctl is missing."""
     try:

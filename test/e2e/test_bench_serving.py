@@ -54,7 +54,39 @@ def test_bench_serving_json_is_consistent(server, tmp_path):
         assert run["mean_ttft_ms"] <= run["mean_e2e_latency_ms"]
         # Every request has ITL gaps summing to E2E - TTFT, so TPOT (their per-token mean) <= E2E.
         assert run["mean_tpot_ms"] * (min(o for _, o in wanted) - 1) <= run["mean_e2e_latency_ms"]
+        # The gaps by length: every gap in one bin (a chunk may carry more than one token), and the
+        # bins' time adds up to every request's E2E - TTFT.
+        gaps = sum(b["count"] for b in run["itl_bins"])
+        assert 0 < gaps <= run["total_output_tokens"] - run["completed"]
+        assert sum(b["total_s"] for b in run["itl_bins"]) == pytest.approx(sum(r["e2e"] - r["ttft"] for r in reqs),
+                                                                           rel=1e-3, abs=5e-3)  # fmt: skip
+        assert "cpu_us_per_output_token" not in run  # no launched server: no processes to read
     server.wait_idle_baseline()
+
+
+def test_process_cpu_reads_the_launched_server_and_its_named_children():
+    """bench_serving's CPU accounting walks the launched server's process tree by parent pid and
+    names each child as it names itself (subprocess_utils.name_process, as the scheduler does)."""
+    import shlex
+    import subprocess
+    import sys
+    import time
+    from types import SimpleNamespace
+
+    from benchmark.bench_serving import process_cpu
+
+    child = ("from sgl_inkling.managers.subprocess_utils import name_process; name_process('sgl-sched-tp0'); "
+             "import time; time.sleep(30)")  # fmt: skip
+    proc = subprocess.Popen(["sh", "-c", f"{shlex.quote(sys.executable)} -c {shlex.quote(child)} & wait"])
+    try:
+        deadline = time.time() + 20
+        while "sgl-sched-tp0" not in (got := process_cpu(SimpleNamespace(proc=proc))) and time.time() < deadline:
+            time.sleep(0.2)
+    finally:
+        subprocess.run(["pkill", "-P", str(proc.pid)])
+        proc.kill()
+    assert {"http (tokenizer manager)", "sgl-sched-tp0", "client (this process)"} <= set(got)
+    assert all(v >= 0 for v in got.values()) and process_cpu(None) == {}
 
 
 def test_slice_model_name_becomes_a_directory_with_its_config():
