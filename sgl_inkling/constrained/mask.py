@@ -70,6 +70,8 @@ class GrammarMasker:
                 self._apply_kernel(logits[:rows], bitmask[:rows], list(range(rows)))  # every row
                 self._apply_kernel(logits, bitmask, list(range(rows)))  # some rows (indices)
         torch.cuda.synchronize(device)
+        del logits, bitmask
+        torch.cuda.empty_cache()  # memory left cached would count as used when later stages size graphs
 
     def _apply_kernel(self, logits: torch.Tensor, bitmask: torch.Tensor, rows: list[int]) -> None:
         if logits.device.type == "cpu":
