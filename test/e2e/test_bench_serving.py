@@ -67,7 +67,9 @@ def test_bench_serving_json_is_consistent(server, tmp_path):
 def test_process_cpu_reads_the_launched_server_and_its_named_children():
     """bench_serving's CPU accounting walks the launched server's process tree by parent pid and
     names each child as it names itself (subprocess_utils.name_process, as the scheduler does)."""
+    import os
     import shlex
+    import signal
     import subprocess
     import sys
     import time
@@ -77,14 +79,15 @@ def test_process_cpu_reads_the_launched_server_and_its_named_children():
 
     child = ("from sgl_inkling.managers.subprocess_utils import name_process; name_process('sgl-sched-tp0'); "
              "import time; time.sleep(30)")  # fmt: skip
-    proc = subprocess.Popen(["sh", "-c", f"{shlex.quote(sys.executable)} -c {shlex.quote(child)} & wait"])
+    proc = subprocess.Popen(["sh", "-c", f"{shlex.quote(sys.executable)} -c {shlex.quote(child)} & wait"],
+                            start_new_session=True)  # fmt: skip
     try:
         deadline = time.time() + 20
         while "sgl-sched-tp0" not in (got := process_cpu(SimpleNamespace(proc=proc))) and time.time() < deadline:
             time.sleep(0.2)
     finally:
-        subprocess.run(["pkill", "-P", str(proc.pid)])
-        proc.kill()
+        os.killpg(proc.pid, signal.SIGKILL)  # the shell and its child
+        proc.wait()
     assert {"http (tokenizer manager)", "sgl-sched-tp0", "client (this process)"} <= set(got)
     assert all(v >= 0 for v in got.values()) and process_cpu(None) == {}
 
