@@ -94,7 +94,7 @@ def log_memory(stage: str, device: torch.device) -> None:
     that runs out of memory shows which stage took it."""
     if device.type != "cuda":
         return
-    free, total = torch.cuda.mem_get_info(device)
+    free, total = _memory(device)
     gib = 2**30
     logger.info("%s: %.1f GiB allocated by this process, %.1f GiB of %.1f GiB free on %s", stage,
                 torch.cuda.memory_allocated(device) / gib, free / gib, total / gib, device)  # fmt: skip

@@ -284,7 +284,6 @@ def test_a_failed_mixed_step_fails_its_prefill_only(pair, monkeypatch):
     assert len(outs[0]) == 12 and outs[0] == outs[1]
 
 
-
 @pytest.mark.parametrize("which", ["mixed", "plain"])
 def test_prompt_logprobs_from_any_start_match_a_cold_forward(pair, tiny_model, which):
     """Prompt logprobs from logprob_start_len k, prefilled in 64-token chunks (the rows before k are

@@ -146,9 +146,10 @@ def test_speculative_graph_batches_follow_cuda_graph_max_bs_where_memory_allows(
     captures 9 widths: 45 rows of logits per request of every bucket, not 9 of the largest), so a
     model whose free memory held 128 of them by the old count is cut to what really fits. The
     logits are float32 at either model dtype (test_verify_logits_are_float32_in_a_bf16_model)."""
-    item = 4
     from sgl_inkling.model_executor.cuda_graph_runner import buckets_up_to
     from sgl_inkling.speculative.verify_graphs import LOGITS_MEMORY_SHARE, graph_max_bs, kept_logits_bytes
+
+    item = 4  # bytes a kept logit: float32 whatever the model's dtype
 
     vocab, adaptive, fixed = 1000, range(9, 0, -1), [9]
     for widths in (adaptive, fixed):
