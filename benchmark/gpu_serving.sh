@@ -17,7 +17,8 @@
 # Each level's JSON row carries its back-to-back figure from stage 1 (benchmark/back_to_back.py).
 # JSON goes to $OUT (default benchmark/results/gpu_serving). The machine has no .git: pass GIT_COMMIT=<sha>.
 # QUANT=modelopt_fp4: NVFP4 routed experts (dummy codes) in the engine timings and the servers, served as
-# <model>-nvfp4 (its own tables); LEVELS / PROMPTS override the mixed stage's concurrency levels and prompts.
+# <model>-nvfp4 (its own tables); LEVELS / PROMPTS override the mixed stage's concurrency levels and prompts;
+# PLAIN_LEVELS (default "64 16", one prompt per request slot) the plain stage's, empty to skip it.
 # Smoke test on a CPU: MODEL=inkling-tiny IN_LEN=64 OUT_LEN=8 benchmark/gpu_serving.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -58,9 +59,11 @@ NOTE="benchmark/gpu_serving.sh: $IN_LEN in / $OUT_LEN out; prompts per level in 
 lim=$(( $(left) * 55 / 100 ))
 stage serving_mixed "$lim" "$PY" "${BENCH[@]}" --max-concurrency "${LEVELS[@]}" --num-prompts "${PROMPTS[@]}" \
   --note "$NOTE" --output-file "$OUT/bench_serving_${NAME}_mixed.json" -- "${SERVER[@]}" --enable-mixed-chunk
+read -r -a PLAIN <<< "${PLAIN_LEVELS-64 16}"
 lim=$(( $(left) - 5 ))
-[ "$lim" -gt 20 ] && stage serving_plain "$lim" "$PY" "${BENCH[@]}" --max-concurrency 64 16 --num-prompts 64 16 \
-  --note "$NOTE" --output-file "$OUT/bench_serving_${NAME}_plain.json" -- "${SERVER[@]}" --no-enable-mixed-chunk
+[ "$lim" -gt 20 ] && [ ${#PLAIN[@]} -gt 0 ] && stage serving_plain "$lim" "$PY" "${BENCH[@]}" \
+  --max-concurrency "${PLAIN[@]}" --num-prompts "${PLAIN[@]}" --note "$NOTE" \
+  --output-file "$OUT/bench_serving_${NAME}_plain.json" -- "${SERVER[@]}" --no-enable-mixed-chunk
 for n in ${CHUNKS:-}; do
   lim=$(( $(left) - 5 ))
   [ "$lim" -gt 60 ] && stage "serving_chunk$n" "$lim" "$PY" "${BENCH[@]}" --max-concurrency 64 --num-prompts 64 \

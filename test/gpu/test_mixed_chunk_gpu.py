@@ -4,6 +4,8 @@ must match the run without mixing (decode kernels, graphs) for the same arrivals
 
 from __future__ import annotations
 
+import gc
+
 import pytest
 import torch
 
@@ -13,16 +15,25 @@ from test.unit.helpers import close_scheduler  # noqa: E402
 from test.unit.test_mixed_chunk import drive, make_scheduler, workload  # noqa: E402
 
 
+def _drive_once(tiny_path, tmp_path_factory, mixed: bool):
+    s = make_scheduler(tiny_path, tmp_path_factory, mixed, dtype="float32", device="cuda")
+    try:
+        sched = {i: [kw for kw in batch if kw["rid"] != "seeded"] for i, batch in workload().items()}
+        rec = drive(s, sched)
+        assert (s.mixed_counts["num_mixed_steps"] > 0) == mixed
+        return rec
+    finally:
+        close_scheduler(s)
+
+
 def test_mixed_greedy_tokens_and_logprobs_match_plain_on_cuda(tiny_path, tmp_path_factory):
     recs = []
     for mixed in (True, False):
-        s = make_scheduler(tiny_path, tmp_path_factory, mixed, dtype="float32", device="cuda")
-        try:
-            sched = {i: [kw for kw in batch if kw["rid"] != "seeded"] for i, batch in workload().items()}
-            recs.append(drive(s, sched))
-            assert (s.mixed_counts["num_mixed_steps"] > 0) == mixed
-        finally:
-            close_scheduler(s)
+        recs.append(_drive_once(tiny_path, tmp_path_factory, mixed))
+        # The scheduler sized its pools from the free memory: give it back before the next one sizes
+        # (and before later tests in this process do).
+        gc.collect()
+        torch.cuda.empty_cache()
     mixed, plain = recs
     assert mixed.tokens == plain.tokens and len(mixed.tokens) == 6
     for rid, lps in mixed.lps.items():

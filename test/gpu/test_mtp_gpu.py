@@ -5,9 +5,10 @@ requests draft in the same graphs (their first draft masked from the graphs' sta
 
 In float32 the outputs must be identical. In bfloat16 the verify forward (K + 1 tokens per
 sequence, extend kernels) and plain decode (decode kernels) round differently, so a sequence may
-leave the reference at a near-tie: there, the reference's top-2 logprob gap must be small
-(BF16_TIE), which is the tolerance this file reports. Set MTP_GPU_REPORT=<path> to get the figures
-as JSON.
+leave the reference at a near-tie. The tolerance is measured, not guessed: on the tokens both runs
+chose, the two paths' logprobs of the same token differ by at most `noise` (the case's maximum), so
+two tokens' order can flip only where the reference's top-2 gap is under 2 * noise. Set
+MTP_GPU_REPORT=<path> to get the figures (noise, gaps) as JSON.
 """
 
 from __future__ import annotations
@@ -23,7 +24,6 @@ import torch
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
 ROOT = Path(__file__).resolve().parents[2]
-BF16_TIE = 0.05  # nats between the reference's two best tokens where bf16 rounding may swap them
 REPORT: dict = {}
 
 SCHEMA = {
@@ -79,21 +79,25 @@ def _check_model(label: str, path: str, jobs: dict, exact: bool, **server) -> No
 
 
 def _compare(name: str, ref, got, exact: bool) -> None:
-    same, diverged = 0, []
+    same, diverged, noise = 0, [], 0.0
     for r, g in zip(ref, got):
         a, b = r["output_ids"], g["output_ids"]
+        j = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+        # The same token at the same position, scored by plain decode and by verify: bf16's noise.
+        lr, lg = r["meta_info"]["output_token_logprobs"], g["meta_info"]["output_token_logprobs"]
+        noise = max([noise] + [abs(x[0] - y[0]) for x, y in zip(lr[:j], lg[:j])])
         if a == b:
             same += 1
             continue
-        j = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
         tops = r["meta_info"]["output_top_logprobs"][j]
         gap = tops[0][0] - tops[1][0] if len(tops) > 1 else float("inf")
-        diverged.append({"at": j, "ref_top2_gap": gap})
-    REPORT[name] = {"sequences": len(ref), "identical": same, "diverged": diverged}
+        diverged.append({"at": j, "ref_top2_gap": gap, "mtp_token_is_ref_second": len(tops) > 1 and tops[1][1] == b[j]})
+    REPORT[name] = {"sequences": len(ref), "identical": same, "diverged": diverged, "logprob_noise": noise}
     if exact:
-        assert not diverged, diverged
+        assert not diverged, (name, diverged)
     else:
-        assert all(d["ref_top2_gap"] < BF16_TIE for d in diverged), diverged
+        bad = [d for d in diverged if not (d["mtp_token_is_ref_second"] and d["ref_top2_gap"] <= 2 * noise)]
+        assert not bad, (name, f"logprob noise {noise:.4f}", bad)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -101,7 +105,7 @@ def report():
     yield
     out = os.environ.get("MTP_GPU_REPORT")
     if out:
-        Path(out).write_text(json.dumps({"bf16_tie_nats": BF16_TIE, "cases": REPORT}, indent=2))
+        Path(out).write_text(json.dumps({"cases": REPORT}, indent=2))
 
 
 def _jobs(new_tokens: int, grammar: bool) -> dict:
