@@ -7,7 +7,8 @@ In float32 the outputs must be identical. In bfloat16 the verify forward (K + 1 
 sequence, extend kernels) and plain decode (decode kernels) round differently, so a sequence may
 leave the reference at a near-tie. The tolerance is measured, not guessed: on the tokens both runs
 chose, the two paths' logprobs of the same token differ by at most `noise` (the case's maximum), so
-two tokens' order can flip only where the reference's top-2 gap is under 2 * noise. Set
+where MTP leaves the reference it must take a token the reference scored within 2 * noise of its
+best (dummy weights tie often, several tokens at once: the reference's top 5 are compared). Set
 MTP_GPU_REPORT=<path> to get the figures (noise, gaps) as JSON.
 """
 
@@ -46,7 +47,7 @@ def _run(path: str, jobs: dict, **server) -> tuple[dict, dict]:
     eng = sgl.Engine(model_path=path, random_seed=0, **server)
     try:
         outs = {
-            name: eng.generate(input_ids=prompts, sampling_params=params, return_logprob=True, top_logprobs_num=2)
+            name: eng.generate(input_ids=prompts, sampling_params=params, return_logprob=True, top_logprobs_num=5)
             for name, (prompts, params) in jobs.items()
         }
         info = eng.get_server_info()["internal_states"][0]
@@ -90,13 +91,13 @@ def _compare(name: str, ref, got, exact: bool) -> None:
             same += 1
             continue
         tops = r["meta_info"]["output_top_logprobs"][j]
-        gap = tops[0][0] - tops[1][0] if len(tops) > 1 else float("inf")
-        diverged.append({"at": j, "ref_top2_gap": gap, "mtp_token_is_ref_second": len(tops) > 1 and tops[1][1] == b[j]})
+        mtp_lp = next((lp for lp, tok, *_ in tops if tok == b[j]), float("-inf"))  # -inf: not in the top 5
+        diverged.append({"at": j, "ref_gap_to_mtp_token": tops[0][0] - mtp_lp})
     REPORT[name] = {"sequences": len(ref), "identical": same, "diverged": diverged, "logprob_noise": noise}
     if exact:
         assert not diverged, (name, diverged)
     else:
-        bad = [d for d in diverged if not (d["mtp_token_is_ref_second"] and d["ref_top2_gap"] <= 2 * noise)]
+        bad = [d for d in diverged if d["ref_gap_to_mtp_token"] > 2 * noise]
         assert not bad, (name, f"logprob noise {noise:.4f}", bad)
 
 
