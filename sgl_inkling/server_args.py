@@ -102,6 +102,7 @@ class ServerArgs:
     log_level: str = "info"
     enable_metrics: bool = False
     watchdog_timeout: float = 300.0
+    decode_log_interval: int = 40  # decode steps between the scheduler's "Decode batch." log lines
     gc_warning_threshold_secs: float = 0.0  # log garbage collections longer than this (0: off)
     log_requests: bool = False
     log_requests_level: int = 2
@@ -245,6 +246,9 @@ class ServerArgs:
                        help="Serve Prometheus metrics at /metrics (404 without this flag, as upstream).")
         g.add_argument("--watchdog-timeout", type=float, default=d.watchdog_timeout,
                        help="Seconds one scheduler step may take; a longer one is a hang and the server exits.")
+        g.add_argument("--decode-log-interval", type=int, default=d.decode_log_interval,
+                       help="Decode steps between the scheduler's 'Decode batch.' log lines (running and queued "
+                            "requests, KV tokens in use, generated tokens per second).")
         g.add_argument("--gc-warning-threshold-secs", type=float, default=d.gc_warning_threshold_secs,
                        help="Log a warning for every garbage collection longer than this many seconds in a "
                             "serving process (0: off). Objects alive after start-up are frozen out of them.")
@@ -330,6 +334,7 @@ class ServerArgs:
             ("--stream-interval", self.stream_interval),
             ("--max-payload-bytes", self.max_payload_bytes),
             ("--watchdog-timeout", self.watchdog_timeout),
+            ("--decode-log-interval", self.decode_log_interval),
             ("--sconv-checkpoint-interval", self.sconv_checkpoint_interval),
         ):
             if value is not None and value <= 0:

@@ -17,6 +17,7 @@ from sgl_inkling.managers import io_struct as io
 from sgl_inkling.managers.schedule_batch import Req
 from sgl_inkling.managers.schedule_policy import SchedulePolicy
 from sgl_inkling.managers.scheduler_faults import FaultIsolationMixin
+from sgl_inkling.managers.scheduler_log import DecodeLog
 from sgl_inkling.managers.scheduler_memory import log_memory, size_pools
 from sgl_inkling.managers.scheduler_overlap import OverlapDecodeMixin
 from sgl_inkling.managers.scheduler_prefill import PrefillMixin
@@ -104,6 +105,8 @@ class Scheduler(OverlapDecodeMixin, SamplingMixin, PrefillMixin, SpecDecodeMixin
         self.step_allocs: dict[Req, int] = {}  # KV slots allocated past kv_len for that step
         self.num_retracted = 0
         self.num_finished = 0
+        self.num_generated_tokens = 0  # committed output tokens (the decode log's throughput)
+        self.decode_log = DecodeLog(server_args.decode_log_interval)
         self.stream_interval = server_args.stream_interval
         self.watchdog = Watchdog(server_args.watchdog_timeout, exit_on_hang)
         self.init_overlap(server_args)
@@ -134,7 +137,10 @@ class Scheduler(OverlapDecodeMixin, SamplingMixin, PrefillMixin, SpecDecodeMixin
 
     def event_loop(self) -> None:
         while True:
-            self.recv_requests(block=not (self.waiting or self.running or self.partial))
+            idle = not (self.waiting or self.running or self.partial)
+            if idle:
+                self.decode_log.idle()
+            self.recv_requests(block=idle)
             try:
                 with self.watchdog.step():
                     self.step()
@@ -151,6 +157,7 @@ class Scheduler(OverlapDecodeMixin, SamplingMixin, PrefillMixin, SpecDecodeMixin
             return
         if self.running:
             self.run_decode()
+            self.decode_log.after_decode_step(self)
 
     def recv_requests(self, block: bool) -> None:
         flags = 0 if block else zmq.NOBLOCK

@@ -55,6 +55,7 @@ class SamplingMixin:
             tok = out.next_token_ids[i]
             req.output_ids.append(tok)
             req.new_tokens.append(tok)
+            self.num_generated_tokens += 1
             if req.return_logprob:
                 req.new_logprobs.append((out.next_token_logprobs[i], tok))
                 if req.top_logprobs_num > 0:

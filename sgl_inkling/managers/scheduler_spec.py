@@ -158,6 +158,7 @@ class SpecDecodeMixin:
     def _append_token(self, req: Req, tok: int, raw_row: torch.Tensor | None) -> None:
         req.output_ids.append(tok)
         req.new_tokens.append(tok)
+        self.num_generated_tokens += 1
         if req.return_logprob and raw_row is not None:
             # As the plain sampler: the float32 minimum stands in for -inf (masked tokens), JSON has no -inf.
             floor = torch.finfo(torch.float32).min

@@ -1,0 +1,47 @@
+"""--decode-log-interval: every N decode steps the scheduler logs its batch, as upstream SGLang does:
+
+    Decode batch. #running-req: 64, #token: 590208, token usage: 0.44, gen throughput (token/s): 6402.11, #queue-req: 0
+
+gen throughput is the tokens the scheduler committed since the last line over the wall time since
+then, measured where they are produced: against a client's figures it tells whether the engine or
+what lies after it (detokenizer, HTTP, client) sets the pace.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+logger = logging.getLogger(__name__)
+
+
+class DecodeLog:
+    def __init__(self, interval: int):
+        self.interval = interval
+        self.steps = 0
+        self._t: float | None = None  # start of the window: the last line, or the first decode step after idle
+        self._tokens = 0  # the scheduler's generated-token count at the window's start
+        self.last_gen_throughput = 0.0
+
+    def after_decode_step(self, sched) -> None:
+        if self._t is None:  # the first decode step since start-up or idle opens the window
+            self._t, self._tokens = time.perf_counter(), sched.num_generated_tokens
+        self.steps += 1
+        if self.steps % self.interval:
+            return
+        now = time.perf_counter()
+        tokens = sched.num_generated_tokens
+        self.last_gen_throughput = (tokens - self._tokens) / max(now - self._t, 1e-9)
+        self._t, self._tokens = now, tokens
+        kv = sched.kv.full
+        used = kv.num_slots - kv.available
+        line = (f"Decode batch. #running-req: {len(sched.running)}, #token: {used}, "
+                f"token usage: {used / max(kv.num_slots, 1):.2f}, "
+                f"gen throughput (token/s): {self.last_gen_throughput:.2f}, #queue-req: {len(sched.waiting)}")  # fmt: skip
+        if sched.spec is not None:
+            line += f", accept len: {sched.spec.stats().get('avg_spec_accept_length', 0.0):.2f}"
+        logger.info(line)
+
+    def idle(self) -> None:
+        """The scheduler waits for requests: the next window starts at the next decode step."""
+        self._t = None
