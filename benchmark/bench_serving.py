@@ -70,6 +70,18 @@ def request_json(base: str, method: str, path: str, body: dict | None = None, ti
         conn.close()
 
 
+def _completion_tokens(event: bytes) -> int:
+    """meta_info's completion_tokens without parsing the event: streamed /generate events carry the
+    whole text and output ids so far (as upstream), so a full parse per event costs the client
+    O(output length) and, at concurrency 64, most of a core. A quoted key cannot occur unescaped
+    inside a JSON string, so its last occurrence is meta_info's."""
+    at = event.rindex(b'"completion_tokens":') + len(b'"completion_tokens":')
+    end = at
+    while event[end : end + 1].isdigit():
+        end += 1
+    return int(event[at:end])
+
+
 def stream_generate(base: str, input_ids: list[int], output_len: int, timeout: float) -> dict:
     """One streamed /generate; returns its timings (seconds since its send) and token counts."""
     host, port = parse_base(base)
@@ -79,7 +91,8 @@ def stream_generate(base: str, input_ids: list[int], output_len: int, timeout: f
         "stream": True,
     }
     conn = http.client.HTTPConnection(host, port, timeout=timeout)
-    out = {"prompt_len": len(input_ids), "output_len": 0, "ttft": None, "itl": [], "e2e": None, "error": None}
+    out = {"prompt_len": len(input_ids), "output_len": 0, "ttft": None, "itl": [], "e2e": None, "error": None,
+           "server_e2e": None}
     t0 = time.perf_counter()
     try:
         conn.request("POST", "/generate", body=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
@@ -87,23 +100,28 @@ def stream_generate(base: str, input_ids: list[int], output_len: int, timeout: f
         if resp.status != 200:
             out["error"] = f"HTTP {resp.status}: {resp.read()[:300]!r}"
             return out
-        last = None
-        for raw in resp:  # SSE: `data: {...}` lines, blank separators, then `data: [DONE]`
-            line = raw.strip()
-            if not line.startswith(b"data:"):
-                continue
-            line = line[5:].strip()
-            if line == b"[DONE]":
+        last, buf = None, b""
+        while True:
+            data = resp.read1(1 << 16)  # whatever arrived (chunked framing undone), not line by line
+            if not data:
                 break
             now = time.perf_counter()
-            n = _loads(line)["meta_info"]["completion_tokens"]
-            if n > out["output_len"]:  # a chunk that only carries the finish reason adds no token
-                if last is None:
-                    out["ttft"] = now - t0
-                else:
-                    out["itl"].append(now - last)
-                last = now
-                out["output_len"] = n
+            buf += data
+            *events, buf = buf.split(b"\n\n")  # SSE: `data: {...}` events, blank-line separated
+            for ev in events:
+                ev = ev.strip()
+                if not ev.startswith(b"data:") or ev[5:].strip() == b"[DONE]":
+                    continue
+                n = _completion_tokens(ev)
+                if n > out["output_len"]:  # a chunk that only carries the finish reason adds no token
+                    if last is None:
+                        out["ttft"] = now - t0
+                    else:
+                        out["itl"].append(now - last)
+                    last = now
+                    out["output_len"] = n
+                if b'"finish_reason":null' not in ev:  # the last event: the server's own e2e (seconds)
+                    out["server_e2e"] = _loads(ev[5:])["meta_info"].get("e2e_latency")
         out["e2e"] = time.perf_counter() - t0
     except (OSError, http.client.HTTPException, ValueError, KeyError) as e:
         out["error"] = f"{type(e).__name__}: {e}"[:300]
@@ -195,8 +213,12 @@ def summarize(results: list[dict], duration: float, concurrency: int) -> dict:
         **stats("itl", [x for r in ok for x in r["itl"]]),
         **stats("e2e_latency", [r["e2e"] for r in ok]),
         "itl_bins": itl_bins([x for r in ok for x in r["itl"]]),
+        # How long after the server built a request's last output the client had it (the HTTP hop and
+        # the client's own lag); large against the TPOT means the figures above are the client's.
+        **stats("client_minus_server_e2e", [r["e2e"] - r["server_e2e"] for r in ok if r.get("server_e2e") is not None]),
         # Per request, for checks and later analysis (seconds).
-        "requests": [{k: r[k] for k in ("prompt_len", "expected_output_len", "output_len", "ttft", "e2e", "error")}
+        "requests": [{k: r.get(k) for k in ("prompt_len", "expected_output_len", "output_len", "ttft", "e2e", "server_e2e",
+                                            "error")}
                      for r in results],  # fmt: skip
     }
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import orjson
 import pytest
 
 from benchmark import bench_serving
@@ -48,6 +49,10 @@ def test_bench_serving_json_is_consistent(server, tmp_path):
         assert run["total_input_tokens"] == sum(i for i, _ in wanted)
         for r in reqs:
             assert 0 < r["ttft"] <= r["e2e"] <= run["duration_s"]
+            # The server's own clock starts after the request arrived and stops before its last
+            # event left: inside the client's.
+            assert 0 < r["server_e2e"] < r["e2e"]
+        assert run["median_client_minus_server_e2e_ms"] > 0
         assert run["output_throughput"] == run["total_output_tokens"] / run["duration_s"]
         for m in ("ttft", "tpot", "itl", "e2e_latency"):
             assert 0 < run[f"median_{m}_ms"] <= run[f"p99_{m}_ms"], m
@@ -62,6 +67,18 @@ def test_bench_serving_json_is_consistent(server, tmp_path):
                                                                            rel=1e-3, abs=5e-3)  # fmt: skip
         assert "cpu_us_per_output_token" not in run  # no launched server: no processes to read
     server.wait_idle_baseline()
+
+
+def test_completion_tokens_is_read_without_parsing_as_a_full_parse_reads_it():
+    """The client's scan for meta_info's completion_tokens against orjson on events whose text and
+    logprob texts spell the key themselves (escaped, as JSON must)."""
+    tricky = 'say "completion_tokens":7 and \\"completion_tokens\\":8'
+    for n, text in [(1, "plain"), (123, tricky), (4096, tricky * 3)]:
+        payload = {"text": text, "output_ids": list(range(n)), "meta_info": {
+            "output_token_logprobs": [[-0.5, 3, '"completion_tokens":99']], "completion_tokens": n,
+            "finish_reason": None}}  # fmt: skip
+        event = b"data: " + orjson.dumps(payload)
+        assert bench_serving._completion_tokens(event) == orjson.loads(event[5:])["meta_info"]["completion_tokens"] == n
 
 
 def test_process_cpu_reads_the_launched_server_and_its_named_children():
