@@ -74,6 +74,7 @@ class ServerArgs:
     disable_radix_cache: bool = False
     sconv_checkpoint_interval: int | None = None  # None: DEFAULT_SCONV_CHECKPOINT_INTERVAL
     stream_interval: int = 1
+    incremental_streaming_output: bool = False  # /generate streams: each chunk only what is new (as upstream)
     disable_overlap_schedule: bool = False  # overlap: the host prepares decode step n+1 while the device runs n
     # Parallelism and kernels
     tp_size: int = 1
@@ -189,6 +190,10 @@ class ServerArgs:
                        "pressure the cache thins these checkpoints before it evicts KV.")
         g.add_argument("--stream-interval", type=int, default=d.stream_interval,
                        help="Decode steps between streamed chunks.")
+        g.add_argument("--incremental-streaming-output", action="store_true",
+                       help="Streamed /generate (and Engine) chunks carry only what is new: the text, output "
+                            "ids and output logprobs since the previous chunk. Default: each chunk carries "
+                            "everything so far, as upstream.")
         g.add_argument("--disable-overlap-schedule", action="store_true",
                        help="Run every decode step synchronously. Default: decode (and mixed) steps overlap (the host "
                             "builds and launches step n+1, then reads step n's tokens); MTP is always synchronous.")

@@ -67,7 +67,7 @@ class Engine:
         return self._stream_sync(obj)
 
     def _stream_sync(self, obj: GenerateReqInput) -> Iterator[dict]:
-        agen = self.tm.generate_request(obj)
+        agen = self.tm.generate_request(obj, incremental=self.server_args.incremental_streaming_output)
         while True:
             try:
                 yield self._call(anext(agen))
@@ -89,7 +89,7 @@ class Engine:
         return self._stream_async(obj)
 
     async def _stream_async(self, obj: GenerateReqInput) -> AsyncIterator[dict]:
-        agen = self.tm.generate_request(obj)
+        agen = self.tm.generate_request(obj, incremental=self.server_args.incremental_streaming_output)
         while True:
             fut = asyncio.run_coroutine_threadsafe(anext(agen), self._loop)
             try:

@@ -169,7 +169,7 @@ def create_app(tm: TokenizerManager, backend, server_args) -> FastAPI:
         except ValidationError as e:
             raise RequestError(validation_text(e)) from None
         if obj.stream:
-            gen = tm.generate_request(obj, request)
+            gen = tm.generate_request(obj, request, incremental=server_args.incremental_streaming_output)
             first = await anext(gen)  # raise validation errors as a 4xx before streaming starts
             refused = engine_error(first)  # refused by the scheduler before any token
             if refused is not None:

@@ -163,8 +163,11 @@ class TokenizerManager:
 
     # ---------------------------------------------------------------- requests
 
-    async def generate_request(self, obj: io.GenerateReqInput, request=None) -> AsyncIterator[Any]:
-        """Yield cumulative result dicts (see the OpenAI layer's protocol); raise RequestError if invalid."""
+    async def generate_request(self, obj: io.GenerateReqInput, request=None, incremental: bool = False) -> AsyncIterator[Any]:
+        """Yield cumulative result dicts (see the OpenAI layer's protocol); raise RequestError if invalid.
+        incremental (--incremental-streaming-output, for /generate and the Engine): a stream's chunks
+        carry only what is new since the previous one (text, output ids, output logprobs; the input
+        logprobs in the first), as upstream."""
         self.num_requests += 1
         if self.draining:
             raise io.RequestError("the server is shutting down", 503)
@@ -180,7 +183,7 @@ class TokenizerManager:
         if not obj.stream:
             yield await self._run_one(tok, item, request)
             return
-        async for out in self._stream_one(tok, item, request):
+        async for out in self._stream_one(tok, item, request, incremental):
             yield out
 
     def _n(self, obj: io.GenerateReqInput) -> int:
@@ -340,15 +343,19 @@ class TokenizerManager:
         finally:
             self._forget(tok.rid, st)
 
-    async def _stream_one(self, tok, obj, request) -> AsyncIterator[dict]:
+    async def _stream_one(self, tok, obj, request, incremental: bool = False) -> AsyncIterator[dict]:
         st = self._register(tok, obj)
+        sent_ids = sent_chars = 0  # incremental: what earlier chunks carried
         try:
             while True:
                 # The scheduler spaces the chunks (stream_interval: Scheduler._output_due).
                 await self._wait(tok.rid, st, request)
-                out = self._result(tok.rid, st)
+                out = self._result(tok.rid, st, since=sent_ids if incremental else 0)
                 if st.finished_reason is None and st.stop_strs:
                     out["text"] = out["text"][: _safe_len(out["text"], st.stop_strs)]
+                if incremental:  # never held back text past a stop string: the final cut is after it
+                    sent_ids, text = len(st.output_ids), out["text"]
+                    out["text"], sent_chars = text[sent_chars:], max(sent_chars, len(text))
                 yield out
                 if st.finished_reason is not None:
                     return
@@ -364,7 +371,9 @@ class TokenizerManager:
             for o in self.observers:
                 o.finished(rid, st, result)
 
-    def _result(self, rid: str, st: ReqState) -> dict:
+    def _result(self, rid: str, st: ReqState, since: int = 0) -> dict:
+        """The request's output; with `since`, output ids and logprobs from that token on (and the input
+        logprobs only when since is 0: an incremental stream's first chunk)."""
         text = st.text
         if st.stop_str and st.finished_reason is not None:
             # As SGLang: cut at the first occurrence of the matched stop, before it by default, after
@@ -392,10 +401,11 @@ class TokenizerManager:
             # Tokens per verify step (accepted drafts + the trunk's own token), SGLang's accept length.
             meta["spec_accept_length"] = (steps + accepted) / steps if steps else 0.0
         if st.return_logprob:
-            meta["output_token_logprobs"] = [self._lp(v, t, st) for v, t in st.output_logprobs]
-            meta["output_top_logprobs"] = [[self._lp(v, t, st) for v, t in pos] for pos in st.top_logprobs]
-            meta["input_token_logprobs"] = [self._lp(v, t, st) for v, t in (st.input_logprobs or [])]
-        return {"text": text, "output_ids": list(st.output_ids), "meta_info": meta}
+            meta["output_token_logprobs"] = [self._lp(v, t, st) for v, t in st.output_logprobs[since:]]
+            meta["output_top_logprobs"] = [[self._lp(v, t, st) for v, t in pos] for pos in st.top_logprobs[since:]]
+            inputs = (st.input_logprobs or []) if since == 0 else []
+            meta["input_token_logprobs"] = [self._lp(v, t, st) for v, t in inputs]
+        return {"text": text, "output_ids": st.output_ids[since:], "meta_info": meta}
 
     def _lp(self, value, token_id: int, st: ReqState) -> tuple:
         text = self.tokenizer.decode([token_id]) if st.text_in_logprobs else None

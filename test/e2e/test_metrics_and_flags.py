@@ -1,6 +1,7 @@
 """Upstream's serving flags against a real server: /metrics (--enable-metrics) parsed with
-prometheus_client and checked against the requests made; --stream-interval, --enable-cache-report,
---log-requests and --watchdog-timeout each visibly in effect."""
+prometheus_client and checked against the requests made; --stream-interval,
+--incremental-streaming-output, --enable-cache-report, --log-requests and --watchdog-timeout each
+visibly in effect."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from test.unit.helpers import random_prompt
 from .server import ServerProcess, free_port
 
 FLAGS = ("--skip-server-warmup", "--enable-metrics", "--enable-cache-report", "--log-requests",
-         "--stream-interval", "4")  # fmt: skip
+         "--stream-interval", "4", "--incremental-streaming-output")  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -117,13 +118,41 @@ def test_an_idle_keep_alive_connection_outlives_the_clients_expiry(server):
         conn.close()
 
 
+def sse_chunks(base_url: str, body: dict) -> list[dict]:
+    r = requests.post(base_url + "/generate", json={**body, "stream": True}, stream=True, timeout=120)
+    return [json.loads(line[6:]) for line in (b.decode() for b in r.iter_lines())
+            if line and line != "data: [DONE]"]  # fmt: skip
+
+
 def test_stream_interval_groups_tokens(observed):
-    body = {"input_ids": random_prompt(9, seed=50), "sampling_params": greedy(13), "stream": True}
-    r = requests.post(observed.base_url + "/generate", json=body, stream=True, timeout=120)
-    chunks = [json.loads(line[6:]) for line in (b.decode() for b in r.iter_lines())
-              if line and line != "data: [DONE]"]  # fmt: skip
-    # --stream-interval 4: the first token at once, then every 4 tokens (the default server sends 13 chunks).
-    assert [len(c["output_ids"]) for c in chunks] == [1, 5, 9, 13]
+    chunks = sse_chunks(observed.base_url, {"input_ids": random_prompt(9, seed=50), "sampling_params": greedy(13)})
+    # --stream-interval 4: the first token at once, then every 4 tokens (the default server sends 13
+    # chunks); --incremental-streaming-output: each chunk only its new tokens.
+    assert [len(c["output_ids"]) for c in chunks] == [1, 4, 4, 4]
+
+
+@pytest.mark.parametrize("with_stop", [False, True])
+def test_incremental_chunks_add_up_to_the_default_servers_answer(observed, server, with_stop):
+    """The deltas, concatenated, are the whole answer the default server gives (text, ids, logprobs
+    and top logprobs; input logprobs in the first chunk only), with a stop string held back too."""
+    body = {"input_ids": random_prompt(11, seed=51), "sampling_params": greedy(15), "return_logprob": True,
+            "top_logprobs_num": 2, "logprob_start_len": 3, "return_text_in_logprobs": True}  # fmt: skip
+    if with_stop:  # two characters from the middle of the free answer: it stops part-way
+        text = server.generate(**body)["text"]
+        body["sampling_params"] = {**body["sampling_params"], "stop": text[len(text) // 2 : len(text) // 2 + 2]}
+    whole = server.generate(**body)
+    assert whole["meta_info"]["finish_reason"]["type"] == ("stop" if with_stop else "length")
+    chunks = sse_chunks(observed.base_url, body)
+    assert len(chunks) >= 2
+    assert "".join(c["text"] for c in chunks) == whole["text"]
+    assert [t for c in chunks for t in c["output_ids"]] == whole["output_ids"]
+    for key in ("output_token_logprobs", "output_top_logprobs"):
+        got = [x for c in chunks for x in c["meta_info"][key]]
+        assert json.loads(json.dumps(got)) == json.loads(json.dumps(whole["meta_info"][key])), key
+    assert chunks[0]["meta_info"]["input_token_logprobs"] == whole["meta_info"]["input_token_logprobs"]
+    assert all(c["meta_info"]["input_token_logprobs"] == [] for c in chunks[1:])
+    assert chunks[-1]["meta_info"]["finish_reason"] == whole["meta_info"]["finish_reason"]
+    assert chunks[-1]["meta_info"]["completion_tokens"] == len(whole["output_ids"])
 
 
 def test_cache_report_in_openai_usage(observed, server):
