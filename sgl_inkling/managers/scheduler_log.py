@@ -1,4 +1,8 @@
-"""--decode-log-interval: every N decode steps the scheduler logs its batch, as upstream SGLang does:
+"""The scheduler's batch log lines, as upstream SGLang writes them. Every prefill (or mixed) step:
+
+    Prefill batch. #new-seq: 1, #new-token: 8192, #cached-token: 0, token usage: 0.05, #running-req: 12, #queue-req: 51
+
+and every --decode-log-interval decode steps:
 
     Decode batch. #running-req: 64, #token: 590208, token usage: 0.44, gen throughput (token/s): 6402.11, #queue-req: 0
 
@@ -13,6 +17,27 @@ import logging
 import time
 
 logger = logging.getLogger(__name__)
+
+
+def _usage(sched) -> tuple[int, float]:
+    kv = sched.kv.full
+    used = kv.num_slots - kv.available
+    return used, used / max(kv.num_slots, 1)
+
+
+def log_prefill(sched, batch: list, new_seqs: list, riders: list) -> None:
+    """One line per prefill step: the sequences it admitted, the prompt tokens it computes (chunks of
+    earlier ones included), the cached tokens the admitted reuse; running requests (riders among
+    them) and the queue left behind."""
+    if not logger.isEnabledFor(logging.INFO):
+        return
+    _, usage = _usage(sched)
+    line = (f"Prefill batch. #new-seq: {len(new_seqs)}, #new-token: {sum(n for _, n, _ in batch)}, "
+            f"#cached-token: {sum(r.cached_tokens for r in new_seqs)}, token usage: {usage:.2f}, "
+            f"#running-req: {len(sched.running)}, #queue-req: {len(sched.waiting)}")  # fmt: skip
+    if riders:
+        line += f", #mixed-decode: {len(riders)}"
+    logger.info(line)
 
 
 class DecodeLog:
@@ -33,10 +58,9 @@ class DecodeLog:
         tokens = sched.num_generated_tokens
         self.last_gen_throughput = (tokens - self._tokens) / max(now - self._t, 1e-9)
         self._t, self._tokens = now, tokens
-        kv = sched.kv.full
-        used = kv.num_slots - kv.available
+        used, usage = _usage(sched)
         line = (f"Decode batch. #running-req: {len(sched.running)}, #token: {used}, "
-                f"token usage: {used / max(kv.num_slots, 1):.2f}, "
+                f"token usage: {usage:.2f}, "
                 f"gen throughput (token/s): {self.last_gen_throughput:.2f}, #queue-req: {len(sched.waiting)}")  # fmt: skip
         if sched.spec is not None:
             line += f", accept len: {sched.spec.stats().get('avg_spec_accept_length', 0.0):.2f}"

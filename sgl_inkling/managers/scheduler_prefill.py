@@ -33,6 +33,7 @@ import time
 import torch
 
 from sgl_inkling.managers.schedule_batch import Req
+from sgl_inkling.managers.scheduler_log import log_prefill
 from sgl_inkling.model_executor.forward_batch import ForwardBatch, ForwardMode
 from sgl_inkling.model_executor.step_faults import model_step
 from sgl_inkling.multimodal.embed import extend_input_embeds
@@ -67,6 +68,7 @@ class PrefillMixin:
         decode = self._riders()
         budget = self.chunk_budget - len(decode)
         batch: list[Entry] = []
+        new_seqs: list[Req] = []  # admitted in this step (their first chunk)
         # Keep one decode step's slots per running request free so admission never forces a retraction
         # (plus this step's decode tokens when they ride along).
         per_req = self.spec.num_steps + 1 if self.spec is not None else 1
@@ -102,6 +104,8 @@ class PrefillMixin:
             if req.queue_time is None:
                 req.queue_time = time.monotonic() - req.arrival
             batch.append((req, n, locs))
+            if fresh:
+                new_seqs.append(req)
             budget -= n
             reserve += per_req
             if n < want:
@@ -115,6 +119,7 @@ class PrefillMixin:
         self.step_reqs = [r for r, _, _ in batch] + decode
         scheduled = {id(r) for r, _, _ in batch}
         self.partial = [r for r in self.partial if id(r) not in scheduled]  # forward_extend re-adds
+        log_prefill(self, batch, new_seqs, riders)
         self.forward_extend(batch, riders)
         return True
 

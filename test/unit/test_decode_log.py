@@ -1,6 +1,6 @@
-"""--decode-log-interval: the scheduler's "Decode batch." lines (upstream SGLang's format) come every N
-decode steps, and the tokens their throughput counts are those the detokenizer received (counted
-here from the messages themselves)."""
+"""The scheduler's batch log lines (upstream SGLang's format): "Decode batch." every --decode-log-interval
+decode steps, counting the tokens the detokenizer received (counted here from the messages
+themselves); "Prefill batch." every prefill step, counting every prompt token once."""
 
 from __future__ import annotations
 
@@ -39,14 +39,15 @@ def test_decode_lines_every_interval_count_the_tokens_sent(tiny_path, tmp_path_f
         for i in range(n_reqs):
             sp = SamplingParams.from_dict({"temperature": 0, "max_new_tokens": new, "ignore_eos": True})
             s.handle(TokenizedGenerateReq(rid=f"r{i}", input_ids=random_prompt(20 + i, seed=i), sampling_params=sp))
-        decode_steps, lines, t0 = 0, [], time.perf_counter()
+        decode_steps, lines, seen, t0 = 0, [], 0, time.perf_counter()
         with caplog.at_level(logging.INFO, logger="sgl_inkling.managers.scheduler_log"):
             while s.waiting or s.partial or s.running or s.pending is not None:
                 decoding = not (s.waiting or s.partial) and bool(s.running)
                 s.step()
                 s.flush_outbox()
                 decode_steps += decoding
-                new_lines = [r.getMessage() for r in caplog.records[len(lines):]]
+                new_lines = [r.getMessage() for r in caplog.records[seen:] if r.getMessage().startswith("Decode")]
+                seen = len(caplog.records)
                 lines += new_lines
                 if new_lines:  # a line comes exactly at each interval's last decode step
                     assert decode_steps % interval == 0 and len(new_lines) == 1, (decode_steps, new_lines)
@@ -64,3 +65,42 @@ def test_decode_lines_every_interval_count_the_tokens_sent(tiny_path, tmp_path_f
         # The first window starts at the first decode step, not at start-up: its rate is at least the
         # whole run's average (prefill included).
         assert float(parsed[0].group(4)) >= n_reqs * new / elapsed
+
+
+PREFILL = re.compile(
+    r"Prefill batch\. #new-seq: (\d+), #new-token: (\d+), #cached-token: (\d+), token usage: ([\d.]+), "
+    r"#running-req: (\d+), #queue-req: (\d+)(?:, #mixed-decode: (\d+))?$"
+)
+
+
+def test_prefill_lines_count_every_prompt_token_once(tiny_path, tmp_path_factory, caplog):
+    """Chunked prefill of prompts longer than a chunk, the second extending the first's prompt (so it
+    reuses the cached prefix): the lines' new tokens add up to the prompts' tokens less what the
+    outputs say was cached, each request is new in exactly one line."""
+    chunk = 16
+    args = ServerArgs(model_path=str(tiny_path), device="cpu", chunked_prefill_size=chunk,
+                      max_prefill_tokens=chunk, disable_overlap_schedule=True)  # fmt: skip
+    base = random_prompt(40, seed=3)
+    prompts = [base, base + random_prompt(9, seed=4)]
+    with in_process_scheduler(args, tmp_path_factory) as s:
+        s.send_sock.close(0)
+        s.send_sock = cap = Sent()
+        lines = []
+        with caplog.at_level(logging.INFO, logger="sgl_inkling.managers.scheduler_log"):
+            for i, ids in enumerate(prompts):  # one after the other: the second finds the first cached
+                sp = SamplingParams.from_dict({"temperature": 0, "max_new_tokens": 3, "ignore_eos": True})
+                s.handle(TokenizedGenerateReq(rid=f"p{i}", input_ids=ids, sampling_params=sp))
+                while s.waiting or s.partial or s.running or s.pending is not None:
+                    s.step()
+                    s.flush_outbox()
+            lines = [PREFILL.match(r.getMessage()) for r in caplog.records if r.getMessage().startswith("Prefill")]
+        assert all(lines) and len(lines) >= 4  # 40 tokens in chunks of 16: three steps for the first
+        cached = {}
+        for m in cap.msgs:
+            for rid, c in zip(getattr(m, "rids", []), getattr(m, "cached_tokens", []) or []):
+                cached[rid] = c
+        assert cached["p0"] == 0 < cached["p1"]
+        assert sum(int(m.group(1)) for m in lines) == len(prompts)
+        assert sum(int(m.group(2)) for m in lines) == sum(map(len, prompts)) - sum(cached.values())
+        assert sum(int(m.group(3)) for m in lines) == sum(cached.values())
+        assert all(int(m.group(2)) <= chunk for m in lines)
