@@ -53,6 +53,40 @@ def test_overlapped_decode_steps_do_not_sync_outside_the_commit(gpu_sched, monke
     s.outbox.clear()
 
 
+def test_overlapped_mixed_steps_do_not_sync_outside_the_commit(gpu_sched, monkeypatch):
+    """A prompt arriving while others decode: its chunk and their tokens run as one mixed step, whose
+    batch building, KV allocation, launch and prefix caching must not wait for the step in flight
+    either (at concurrency 64 the served prefill phase ran 0.8 s longer than its prefills alone)."""
+    s = gpu_sched
+    assert s.overlap and s.mixed_chunk
+    for i in range(3):
+        s.handle(req(f"m{i}", random_prompt(20 + i, seed=910 + i), max_new_tokens=16))
+    while s.waiting:
+        s.step()
+    s.step()  # an overlapped decode step in flight
+    mixed_before = s.mixed_counts["num_mixed_steps"]
+    real = s.commit_pending
+
+    def commit_allowed_to_wait() -> None:
+        torch.cuda.set_sync_debug_mode(0)
+        try:
+            real()
+        finally:
+            torch.cuda.set_sync_debug_mode("error")
+
+    monkeypatch.setattr(s, "commit_pending", commit_allowed_to_wait)
+    with sync_is_error():
+        for i in range(2):  # a prompt a step: two mixed steps back to back, then a decode step
+            s.handle(req(f"p{i}", random_prompt(300 + i, seed=920 + i), max_new_tokens=4))
+            s.step()
+        s.step()
+    monkeypatch.undo()
+    assert s.mixed_counts["num_mixed_steps"] >= mixed_before + 2
+    while s.running or s.pending is not None:
+        s.step()
+    s.outbox.clear()
+
+
 def test_overlap_equals_sync_on_cuda(gpu_sched):
     s = gpu_sched
     script = {
