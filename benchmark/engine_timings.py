@@ -62,9 +62,12 @@ def prefill_ms(runner: ModelRunner, n: int, vocab: int, repeats: int, gen: torch
     return statistics.median(times)
 
 
-def decode_ms(runner: ModelRunner, bsz: int, ctx: int, window: int, vocab: int, steps: int, gen) -> float:
+def decode_ms(runner: ModelRunner, bsz: int, ctx: int, window: int, vocab: int, steps: int, gen,
+              sustained: int = 0) -> tuple[float, float | None]:  # fmt: skip
     """One decode step of `bsz` sequences `ctx` tokens deep: full KV for every position, sliding KV
-    for the window only (older sliding slots are freed in serving too)."""
+    for the window only (older sliding slots are freed in serving too). The median of single timed
+    replays, and on CUDA the mean of `sustained` replays back to back (as serving runs them, for
+    seconds: clocks and power under a long run, no pause for the host between steps)."""
     r, held = runner, []
     rows, full_out, swa_out = [], [], []
     for _ in range(bsz):
@@ -83,14 +86,22 @@ def decode_ms(runner: ModelRunner, bsz: int, ctx: int, window: int, vocab: int, 
     try:
         if clock.cuda:
             graph, _ = capture_forward(r, fb)
-            return statistics.median(replay_ms(graph.replay, steps))
+            single = statistics.median(replay_ms(graph.replay, steps))
+            if not sustained:
+                return single, None
+            a = clock.mark()
+            for _ in range(sustained):
+                graph.replay()
+            b = clock.mark()
+            clock.sync()
+            return single, clock.ms(a, b) / sustained
         r.forward(fb)  # warm-up
         times = []
         for _ in range(steps):
             a = clock.mark()
             r.forward(fb)
             times.append(clock.ms(a, clock.mark()))
-        return statistics.median(times)
+        return statistics.median(times), None
     finally:
         for row, full, swa in held:
             r.full_pool.allocator.free(full)
@@ -107,6 +118,8 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--batch-size", type=int, nargs="+", default=[1, 16, 64, 256])
     p.add_argument("--decode-steps", type=int, default=10)
     p.add_argument("--prefill-repeats", type=int, default=2)
+    p.add_argument("--sustained-steps", type=int, default=0,
+                   help="also time this many decode replays back to back per batch size (CUDA)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--quantization", choices=NVFP4_METHODS, default=None, help="NVFP4 routed experts (dummy codes)")
     p.add_argument("--out", type=Path, required=True)
@@ -131,10 +144,12 @@ def main(argv: list[str] | None = None) -> dict:
     gen = torch.Generator().manual_seed(args.seed)
     pre = prefill_ms(runner, args.input_len, vocab, args.prefill_repeats, gen)
     print(f"prefill of {args.input_len} tokens: {pre:.1f} ms", flush=True)
-    steps = {}
+    steps, sustained = {}, {}
     for bsz in sorted(args.batch_size):
-        steps[str(bsz)] = decode_ms(runner, bsz, ctx, window, vocab, args.decode_steps, gen)
-        print(f"decode step at batch {bsz}, {ctx} tokens deep: {steps[str(bsz)]:.2f} ms", flush=True)
+        steps[str(bsz)], sustained[str(bsz)] = decode_ms(runner, bsz, ctx, window, vocab, args.decode_steps, gen,
+                                                         args.sustained_steps)  # fmt: skip
+        more = f" ({sustained[str(bsz)]:.2f} ms sustained)" if sustained[str(bsz)] else ""
+        print(f"decode step at batch {bsz}, {ctx} tokens deep: {steps[str(bsz)]:.2f} ms{more}", flush=True)
     commit, dirty = git_commit()
     result = {
         "benchmark": "engine_timings",
@@ -150,6 +165,7 @@ def main(argv: list[str] | None = None) -> dict:
         "decode_context_len": ctx,
         "prefill_ms": pre,
         "decode_step_ms": steps,
+        "decode_step_sustained_ms": sustained,  # null where not measured
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2))

@@ -45,7 +45,7 @@ left() { echo $((BUDGET - (SECONDS - START))); }
 
 [ "$CONFIG" = slice ] && stage test_mixed_gpu 45 "$PY" -m pytest -q -x -p no:cacheprovider test/gpu/test_mixed_chunk_gpu.py
 stage engine_timings 75 "$PY" benchmark/engine_timings.py --config "$CONFIG" --input-len "$IN_LEN" \
-  --output-len "$OUT_LEN" --batch-size 1 16 32 48 64 128 256 --decode-steps 10 --prefill-repeats 2 \
+  --output-len "$OUT_LEN" --batch-size 1 16 32 48 64 128 256 --decode-steps 10 --sustained-steps 100 --prefill-repeats 2 \
   "${QARGS[@]}" --out "$OUT/engine_timings_$NAME.json"
 ENGINE=()
 [ -f "$OUT/engine_timings_$NAME.json" ] && ENGINE=(--engine-timings "$OUT/engine_timings_$NAME.json")
