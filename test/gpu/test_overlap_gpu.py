@@ -17,6 +17,20 @@ from test.unit.test_overlap_schedule import compare, drive, req  # noqa: E402
 from .test_sampler_sync import sync_is_error  # noqa: E402
 
 
+def commit_may_wait(s, monkeypatch) -> None:
+    """Under sync_is_error, let the scheduler's commit (and only it) wait for the device."""
+    real = s.commit_pending
+
+    def commit_allowed_to_wait() -> None:
+        torch.cuda.set_sync_debug_mode(0)
+        try:
+            real()
+        finally:
+            torch.cuda.set_sync_debug_mode("error")
+
+    monkeypatch.setattr(s, "commit_pending", commit_allowed_to_wait)
+
+
 @pytest.fixture(scope="module")
 def gpu_sched(tiny_path, tmp_path_factory):
     args = ServerArgs(model_path=str(tiny_path), device="cuda", dtype="float32", cuda_graph_max_bs=4,
@@ -33,16 +47,7 @@ def test_overlapped_decode_steps_do_not_sync_outside_the_commit(gpu_sched, monke
     while s.waiting:
         s.step()  # prefill (reads its first tokens back)
     s.step()  # a first overlapped step: warm-up of the pinned pool and the sampling kernels
-    real = s.commit_pending
-
-    def commit_allowed_to_wait() -> None:
-        torch.cuda.set_sync_debug_mode(0)
-        try:
-            real()
-        finally:
-            torch.cuda.set_sync_debug_mode("error")
-
-    monkeypatch.setattr(s, "commit_pending", commit_allowed_to_wait)
+    commit_may_wait(s, monkeypatch)
     with sync_is_error():
         for _ in range(4):
             s.run_decode()
@@ -65,16 +70,7 @@ def test_overlapped_mixed_steps_do_not_sync_outside_the_commit(gpu_sched, monkey
         s.step()
     s.step()  # an overlapped decode step in flight
     mixed_before = s.mixed_counts["num_mixed_steps"]
-    real = s.commit_pending
-
-    def commit_allowed_to_wait() -> None:
-        torch.cuda.set_sync_debug_mode(0)
-        try:
-            real()
-        finally:
-            torch.cuda.set_sync_debug_mode("error")
-
-    monkeypatch.setattr(s, "commit_pending", commit_allowed_to_wait)
+    commit_may_wait(s, monkeypatch)
     with sync_is_error():
         for i in range(2):  # a prompt a step: two mixed steps back to back, then a decode step
             s.handle(req(f"p{i}", random_prompt(300 + i, seed=920 + i), max_new_tokens=4))
