@@ -163,7 +163,9 @@ class TokenizerManager:
 
     # ---------------------------------------------------------------- requests
 
-    async def generate_request(self, obj: io.GenerateReqInput, request=None, incremental: bool = False) -> AsyncIterator[Any]:
+    async def generate_request(
+        self, obj: io.GenerateReqInput, request=None, incremental: bool = False
+    ) -> AsyncIterator[Any]:
         """Yield cumulative result dicts (see the OpenAI layer's protocol); raise RequestError if invalid.
         incremental (--incremental-streaming-output, for /generate and the Engine): a stream's chunks
         carry only what is new since the previous one (text, output ids, output logprobs; the input
