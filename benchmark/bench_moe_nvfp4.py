@@ -31,7 +31,7 @@ from benchmark.bench_one_batch import git_commit  # noqa: E402
 from sgl_inkling_kernels.fused_moe import fused_moe  # noqa: E402
 from sgl_inkling_kernels.fused_moe_nvfp4 import Tiles, fused_moe_nvfp4  # noqa: E402
 from sgl_inkling_kernels.moe_nvfp4_gemv import GemvTiles  # noqa: E402
-from sgl_inkling_kernels.moe_w4a16_cuda import CudaTiles  # noqa: E402
+from sgl_inkling_kernels.moe_w4a16_cuda import SINK_PATHS, CudaTiles, set_sink_path  # noqa: E402
 from sgl_inkling_kernels.nvfp4 import dequantize_nvfp4  # noqa: E402
 
 PEAK_TBS = 4.3
@@ -231,9 +231,12 @@ def main() -> None:
     p.add_argument("--calls", type=int, default=8, help="MoE calls (fresh routings) per captured graph")
     p.add_argument("--replays", type=int, default=20)
     p.add_argument("--no-bf16", action="store_true", help="skip the BF16 fused_moe comparison (29 GB of weights)")
+    p.add_argument("--sink-path", choices=SINK_PATHS, default="blas",
+                   help="the BF16 sinks beside the routed CUDA kernels: cuBLAS (default) or the Triton GEMVs")
     p.add_argument("--result-file", type=Path, required=True)
     p.add_argument("--dump-dir", type=Path, default=None, help="write the first variant's PTX here")
     args = p.parse_args()
+    set_sink_path(args.sink_path)
     h, i, n_exp, k, n_s = args.hidden, args.inter, args.experts, args.top_k, args.sinks
     gen = torch.Generator(device="cuda").manual_seed(0)
     w13, w2 = quantized(n_exp, 2 * i, h, gen), quantized(n_exp, h, i, gen)
@@ -268,6 +271,7 @@ def main() -> None:
         "results": results,
         # What "default dispatch" ran: the shipped CudaTiles (default builds change between commits).
         "default_build": tiles_doc(CudaTiles()),
+        "sink_path": args.sink_path,
         "kernels": kernel_stats(args.dump_dir),
     }  # fmt: skip
     args.result_file.parent.mkdir(parents=True, exist_ok=True)

@@ -5,6 +5,7 @@ layer's MoE bytes, so how close to the floor cuBLAS streams them bounds the whol
 
 Forms (each checked against the first):
   bmm:       today's sinks_blas: a broadcast matmul [S, T, 2I] and a bmm for the down projections;
+  gemv_JxN:  sink_gemv.sinks_gemv, two Triton launches (bands of J activation rows / N down rows);
   cat_up:    both sinks' gate/up rows as one [S * 2I, H] linear, then the same bmm;
   cat_both:  cat_up, and the down projections as one linear over the concatenated K (activations
              pre-scaled by the sink weights, so one output: the sum the combine forms anyway); its
@@ -31,6 +32,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "kernels")]
 from benchmark.bench_moe_nvfp4 import time_graph  # noqa: E402
 from benchmark.bench_one_batch import git_commit  # noqa: E402
 from sgl_inkling_kernels.moe_w4a16_cuda import sinks_blas  # noqa: E402
+from sgl_inkling_kernels.sink_gemv import sinks_gemv  # noqa: E402
 
 PEAK_TBS = 4.3
 
@@ -70,13 +72,18 @@ def main() -> None:
         out[:, topk].copy_(F.linear(act.reshape(x.shape[0], s * i), c[3]))
         out[:, topk + 1 : topk + s].zero_()
 
+    def gemv(block_j: int, block_n: int):
+        return lambda x, c, gam, out: sinks_gemv(x, c[0], c[1], gam, out, topk, block_j=block_j, block_n=block_n)
+
+    forms = [("bmm", bmm), ("cat_up", cat_up), ("cat_both", cat_both)]
+    forms += [(f"gemv_{j}x{n}", gemv(j, n)) for j, n in ((16, 32), (32, 64), (64, 64))]
     rows = []
     for t in a.batch_sizes:
         xs = [torch.randn(t, h, device="cuda", dtype=torch.bfloat16) for _ in range(a.calls)]
         gam = torch.rand(t, s, device="cuda", dtype=torch.bfloat16)
-        outs = {n: torch.zeros(t, topk + s, h, device="cuda") for n in ("bmm", "cat_up", "cat_both")}
+        outs = {n: torch.zeros(t, topk + s, h, device="cuda") for n, _ in forms}
         row = {"batch_size": t, "bytes": nbytes}
-        for name, fn in (("bmm", bmm), ("cat_up", cat_up), ("cat_both", cat_both)):
+        for name, fn in forms:
             ms = time_graph(lambda c, fn=fn, o=outs[name], xs=xs, gam=gam: fn(xs[c], copies[c], gam, o), a.calls, a.replays)
             fn(xs[0], copies[0], gam, outs[name])
             ref = outs["bmm"][:, topk:].float().sum(1)
@@ -84,8 +91,8 @@ def main() -> None:
             row[name] = {"us": ms * 1e3, "tb_s": nbytes / ms / 1e9, "fraction_of_4.3": nbytes / ms / 1e9 / PEAK_TBS,
                          "rel_err_vs_bmm": err}  # fmt: skip
         rows.append(row)
-        print(f"T={t:3d}  " + "  ".join(f"{n} {row[n]['us']:7.1f} us {row[n]['tb_s']:.2f} TB/s"
-                                        for n in ("bmm", "cat_up", "cat_both")), flush=True)  # fmt: skip
+        print(f"T={t:3d}  " + "  ".join(f"{n} {row[n]['us']:6.1f} us {row[n]['tb_s']:.2f} TB/s"
+                                        for n, _ in forms), flush=True)  # fmt: skip
     res = {"benchmark": "bench_sink_gemms", "gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
            "git_commit": git_commit()[0], "config": vars(a), "rows": rows}  # fmt: skip
     if a.out:

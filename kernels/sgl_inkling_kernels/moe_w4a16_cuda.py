@@ -23,6 +23,8 @@ import torch
 
 from sgl_inkling_kernels.cuda_build import load_cuda_library
 from sgl_inkling_kernels.fused_moe import moe_align
+from sgl_inkling_kernels.sink_gemv import MAX_TOKENS as GEMV_MAX_TOKENS
+from sgl_inkling_kernels.sink_gemv import sinks_gemv
 
 SRC = Path(__file__).with_name("csrc") / "moe_w4a16_mma.cu"
 CHUNK = 128  # K elements per chunk of the kernel: H and I must be multiples of it
@@ -161,6 +163,24 @@ def sinks_blas(x, sw13, sw2, gam, out, topk: int) -> None:
     out[:, topk : topk + n].copy_((y.float() * gam.t().float().unsqueeze(-1)).transpose(0, 1))
 
 
+SINK_PATHS = ("blas", "gemv")
+_sink_path = "blas"  # H200 at 852ce32: cuBLAS streams the sinks at 3.11 / 2.90 / 2.69 TB/s (batch 1 / 8 / 64)
+
+
+def set_sink_path(name: str) -> None:
+    """How the fused MoE's BF16 sinks run outside the routed kernels: "blas" (sinks_blas, the default)
+    or "gemv" (sink_gemv.sinks_gemv, two Triton launches, for batches up to its MAX_TOKENS; cuBLAS
+    above). A benchmark switch until the H200 shows which is faster."""
+    global _sink_path
+    if name not in SINK_PATHS:
+        raise ValueError(f"sink path {name!r}: one of {', '.join(SINK_PATHS)}")
+    _sink_path = name
+
+
+def _sinks(t: int):
+    return sinks_gemv if _sink_path == "gemv" and t <= GEMV_MAX_TOKENS else sinks_blas
+
+
 @functools.cache
 def _side_stream(device: torch.device) -> torch.cuda.Stream:
     return torch.cuda.Stream(device)
@@ -197,9 +217,9 @@ def moe_w4a16_decode(x, w13, s13, g13, w2, s2, g2, ids, weights, sw13, sw2, gam,
         main, side = torch.cuda.current_stream(x.device), _side_stream(x.device)
         side.wait_stream(main)
         with torch.cuda.stream(side):
-            sinks_blas(x, sw13, sw2, gam, out, k)
+            _sinks(t)(x, sw13, sw2, gam, out, k)
     elif sw13 is not None and not in_kernel:
-        sinks_blas(x, sw13, sw2, gam, out, k)
+        _sinks(t)(x, sw13, sw2, gam, out, k)
     n_sink_blocks = sw13.shape[0] if in_kernel else 0  # one block per sink: sink_nt(t) tiles of 8
     nt_s = sink_nt(t)
     g32 = gam.float() if in_kernel else w32.new_empty(0)

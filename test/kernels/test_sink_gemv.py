@@ -1,0 +1,57 @@
+"""The sinks' Triton GEMVs (sink_gemv.py) against a brute force written here: float64 products,
+rounded to the activation dtype where the torch path rounds (gate/up, silu, their product, the down
+projection), then weighted in fp32. Odd shapes: I not a multiple of the row band, H not a multiple
+of the down block, K not a multiple of the K tile; batches 1, 3 and 64; fp32 (tight: layout and
+semantics) and bf16 (Triton's interpreter casts fp32 to bf16 by truncation where the GPU rounds to
+nearest, so on the CPU the bf16 bound allows four truncations)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from sgl_inkling_kernels._triton import interpreting
+from sgl_inkling_kernels.moe_w4a16_cuda import sinks_blas
+from sgl_inkling_kernels.sink_gemv import MAX_TOKENS, sinks_gemv
+
+
+def brute(x, sw13, sw2, gam, topk: int, out_shape) -> torch.Tensor:
+    dt = x.dtype
+    out = torch.full(out_shape, float("nan"))
+    for s in range(sw13.shape[0]):
+        h = (x.double() @ sw13[s].double().T).to(dt).float()  # [T, 2I]
+        act = (torch.nn.functional.silu(h[:, 0::2]).to(dt).float() * h[:, 1::2]).to(dt)
+        y = (act.double() @ sw2[s].double().T).to(dt).float()
+        out[:, topk + s] = y * gam[:, s].float()[:, None]
+    return out
+
+
+BF16_TOL = 6e-2 if interpreting() else 1.6e-2
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, BF16_TOL)])
+@pytest.mark.parametrize("t", [1, 3, MAX_TOKENS])
+def test_sinks_gemv_matches_a_brute_force(dtype, tol, t):
+    g = torch.Generator().manual_seed(40 + t)
+    topk, s, h, i = 3, 2, 96 + 40, 24 + 5  # H = 136: not a multiple of 32 or 64; I = 29: of 16
+    x = torch.randn(t, h, generator=g).to(dtype)
+    sw13 = (torch.randn(s, 2 * i, h, generator=g) * h**-0.5).to(dtype)
+    sw2 = (torch.randn(s, h, i, generator=g) * i**-0.5).to(dtype)
+    gam = (torch.rand(t, s, generator=g) + 0.5).to(dtype)
+    out = torch.full((t, topk + s, h), float("nan"))
+    sinks_gemv(x, sw13, sw2, gam, out, topk, block_k=64)
+    want = brute(x, sw13, sw2, gam, topk, out.shape)
+    assert out[:, :topk].isnan().all()  # routed slots are not its business
+    scale = want[:, topk:].abs().max().item()
+    torch.testing.assert_close(out[:, topk:], want[:, topk:], rtol=tol, atol=tol * scale)
+    if dtype == torch.float32:  # and it is the cuBLAS path's result
+        ref = torch.full_like(out, float("nan"))
+        sinks_blas(x, sw13, sw2, gam, ref, topk)
+        torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-6, equal_nan=True)
+
+
+def test_sinks_gemv_refuses_what_it_cannot_hold():
+    x = torch.randn(MAX_TOKENS + 1, 32)
+    sw13, sw2 = torch.randn(2, 16, 32), torch.randn(2, 32, 8)
+    with pytest.raises(ValueError, match="at most 64 tokens"):
+        sinks_gemv(x, sw13, sw2, torch.rand(MAX_TOKENS + 1, 2), torch.empty(MAX_TOKENS + 1, 5, 32), 3)
