@@ -12,8 +12,9 @@
 #   5. the batch-1 draft step with and without a 32K draft vocabulary (profile_draft_step.py),
 #      the NVFP4 slice served through sglang.Engine (CUDA graphs, greedy repeat identical),
 #   6. if the time is left, the overlap scheduler: HTTP TPOT at concurrency 1 with and without it;
-#   on demand (not in the default STAGES): tests_new (GPU tests no GPU has run yet) and sched_profile
-#   (profile_scheduler_step.py: the serving decode step's host part at batch 64).
+#   on demand (not in the default STAGES): tests_new (GPU tests no GPU has run yet), sched_profile
+#   (profile_scheduler_step.py: the serving decode step's host part at batch 64) and sink_gemv (the
+#   sinks' Triton GEMVs against cuBLAS, alone and in the fused MoE).
 # STAGES picks stages by name (see below). JSON goes to $OUT, the stage logs to $OUT/logs.tgz (at most
 # 8 files come back). The machine has no .git of this commit: pass GIT_COMMIT=<sha>.
 set -uo pipefail
@@ -54,13 +55,20 @@ if want tests_new; then
   before=$status status=0
   # shellcheck disable=SC2086
   # 360 s: the bf16 slice with MTP starts three engines of about 95 s each (cut at 240 s at cc98e2a).
-  stage tests_new 360 "$PY" -m pytest -q --tb=short -p no:cacheprovider ${NEW_GPU_TESTS:-test/gpu/test_mtp_sampled_graph.py
+  stage tests_new 360 "$PY" -m pytest -q --tb=short -p no:cacheprovider ${NEW_GPU_TESTS:-test/kernels/test_sink_gemv.py test/gpu/test_mtp_sampled_graph.py
     test/gpu/test_mtp_gpu.py test/gpu/test_mixed_chunk_gpu.py}
   status=$((before | status))
 fi
 want bench_moe && stage bench_moe 160 "$PY" benchmark/bench_moe_nvfp4.py --no-bf16 --replays 10 --batch-sizes 1 8 64 \
   --tiles "${SWEEP[@]}" \
   --result-file "$OUT/bench_moe_nvfp4_inkling-slice.json"
+# sink_gemv (not in the default STAGES): the BF16 sinks alone in cuBLAS and Triton forms, then the fused MoE
+# with the Triton GEMVs for its sinks (a file of its own: the README's MoE table stays the shipped path's).
+if want sink_gemv; then
+  stage sink_gemms 90 "$PY" benchmark/bench_sink_gemms.py --out "$OUT/bench_sink_gemms_inkling.json"
+  stage bench_moe_gemv 120 "$PY" benchmark/bench_moe_nvfp4.py --no-bf16 --replays 10 --batch-sizes 1 8 64 \
+    --sink-path gemv --result-file "$OUT/bench_moe_nvfp4_gemv_sinks_inkling-slice.json"
+fi
 # Decode is timed with the build the sweep found fastest (moe_build.py --pick; "" is the shipped default).
 MOE_BUILD=""
 [ -f "$OUT/bench_moe_nvfp4_inkling-slice.json" ] && [ "$tests_failed" = 0 ] && \
