@@ -17,7 +17,8 @@ def test_engine_incremental_stream_adds_up_to_the_servers_answer(server, tiny_pa
         chunks = list(eng.generate(stream=True, **body))
     finally:
         eng.shutdown()
-    assert [len(c["output_ids"]) for c in chunks] == [1] * 12  # one token a chunk, none repeated
+    # Each chunk only its new tokens (a chunk may carry several when the consumer lags a step).
+    assert len(chunks) >= 2 and all(c["output_ids"] for c in chunks)
     assert [t for c in chunks for t in c["output_ids"]] == whole["output_ids"]
     assert "".join(c["text"] for c in chunks) == whole["text"]
     got = [tuple(x[:2]) for c in chunks for x in c["meta_info"]["output_token_logprobs"]]
