@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import logging
 import re
-import time
 
 import pytest
 
@@ -39,32 +38,35 @@ def test_decode_lines_every_interval_count_the_tokens_sent(tiny_path, tmp_path_f
         for i in range(n_reqs):
             sp = SamplingParams.from_dict({"temperature": 0, "max_new_tokens": new, "ignore_eos": True})
             s.handle(TokenizedGenerateReq(rid=f"r{i}", input_ids=random_prompt(20 + i, seed=i), sampling_params=sp))
-        decode_steps, lines, seen, t0 = 0, [], 0, time.perf_counter()
+        decode_steps, lines, seen = 0, [], 0
         with caplog.at_level(logging.INFO, logger="sgl_inkling.managers.scheduler_log"):
             while s.waiting or s.partial or s.running or s.pending is not None:
                 decoding = not (s.waiting or s.partial) and bool(s.running)
                 s.step()
                 s.flush_outbox()
                 decode_steps += decoding
-                new_lines = [r.getMessage() for r in caplog.records[seen:] if r.getMessage().startswith("Decode")]
+                new_lines = [r for r in caplog.records[seen:] if r.getMessage().startswith("Decode")]
                 seen = len(caplog.records)
                 lines += new_lines
                 if new_lines:  # a line comes exactly at each interval's last decode step
                     assert decode_steps % interval == 0 and len(new_lines) == 1, (decode_steps, new_lines)
-        elapsed = time.perf_counter() - t0
         sent = sum(len(ids) for m in cap.msgs for ids in (getattr(m, "new_token_ids", None) or []))
         assert sent == n_reqs * new == s.num_generated_tokens
         assert len(lines) == decode_steps // interval > 0
-        parsed = [LINE.match(line) for line in lines]
-        assert all(parsed), lines
+        parsed = [LINE.match(r.getMessage()) for r in lines]
+        assert all(parsed), [r.getMessage() for r in lines]
         running = [int(m.group(1)) for m in parsed]
         assert running[0] == n_reqs and all(0 <= r <= n_reqs for r in running)
         prompts = sum(20 + i for i in range(n_reqs))
         assert int(parsed[0].group(2)) >= prompts  # KV in use holds at least the running prompts
         assert abs(float(parsed[0].group(3)) - int(parsed[0].group(2)) / s.kv.full.num_slots) <= 0.005
-        # The first window starts at the first decode step, not at start-up: its rate is at least the
-        # whole run's average (prefill included).
-        assert float(parsed[0].group(4)) >= n_reqs * new / elapsed
+        # A window between two lines with every request running holds `interval` steps of n_reqs
+        # tokens each: its rate times its length (the two records' times) gives them back.
+        full = [i for i in range(1, len(lines)) if running[i - 1] == running[i] == n_reqs]
+        assert full, running
+        for i in full:
+            tokens = float(parsed[i].group(4)) * (lines[i].created - lines[i - 1].created)
+            assert tokens == pytest.approx(interval * n_reqs, rel=0.03), (i, tokens)
 
 
 PREFILL = re.compile(
