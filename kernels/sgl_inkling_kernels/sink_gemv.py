@@ -24,6 +24,21 @@ MAX_TOKENS = 64
 
 
 @triton.jit
+def _band_dot(A, stride_a, W, stride_w, offs_t, t_ok, offs_r, r_ok, K,
+              BLOCK_T: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr, UPCAST: tl.constexpr,
+              PREC: tl.constexpr):  # fmt: skip
+    """[BLOCK_T, BLOCK_R] fp32: rows offs_t of A times weight rows offs_r of W, over all K."""
+    acc = tl.zeros([BLOCK_T, BLOCK_R], tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        k_ok = offs_k < K
+        a = tl.load(A + offs_t[:, None] * stride_a + offs_k[None, :], mask=t_ok[:, None] & k_ok[None, :], other=0.0)
+        w = tl.load(W + offs_r[:, None] * stride_w + offs_k[None, :], mask=r_ok[:, None] & k_ok[None, :], other=0.0)
+        acc += mm(a, tl.trans(w), UPCAST, PREC)
+    return acc
+
+
+@triton.jit
 def _sink_up_kernel(
     X, W13, Act, T, K, INTER,
     stride_xt, stride_ws, stride_wr, stride_as, stride_at,
@@ -36,14 +51,8 @@ def _sink_up_kernel(
     offs_r = jb * 2 * BLOCK_J + tl.arange(0, 2 * BLOCK_J)  # gate/up rows, interleaved as stored
     t_ok = offs_t < T
     r_ok = offs_r < 2 * INTER
-    acc = tl.zeros([BLOCK_T, 2 * BLOCK_J], tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        offs_k = k0 + tl.arange(0, BLOCK_K)
-        k_ok = offs_k < K
-        x = tl.load(X + offs_t[:, None] * stride_xt + offs_k[None, :], mask=t_ok[:, None] & k_ok[None, :], other=0.0)
-        w = tl.load(W13 + s * stride_ws + offs_r[:, None] * stride_wr + offs_k[None, :],
-                    mask=r_ok[:, None] & k_ok[None, :], other=0.0)  # fmt: skip
-        acc += mm(x, tl.trans(w), UPCAST, PREC)
+    acc = _band_dot(X, stride_xt, W13 + s * stride_ws, stride_wr, offs_t, t_ok, offs_r, r_ok, K,
+                    BLOCK_T, 2 * BLOCK_J, BLOCK_K, UPCAST, PREC)  # fmt: skip
     dt = Act.dtype.element_ty
     gate, up = tl.split(tl.reshape(acc.to(dt).to(tl.float32), [BLOCK_T, BLOCK_J, 2]))
     silu = (gate / (1.0 + tl.exp(-gate))).to(dt).to(tl.float32)
@@ -66,15 +75,8 @@ def _sink_down_kernel(
     offs_n = nb * BLOCK_N + tl.arange(0, BLOCK_N)
     t_ok = offs_t < T
     n_ok = offs_n < H
-    acc = tl.zeros([BLOCK_T, BLOCK_N], tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        offs_k = k0 + tl.arange(0, BLOCK_K)
-        k_ok = offs_k < K
-        a = tl.load(Act + s * stride_as + offs_t[:, None] * stride_at + offs_k[None, :],
-                    mask=t_ok[:, None] & k_ok[None, :], other=0.0)  # fmt: skip
-        w = tl.load(W2 + s * stride_ws + offs_n[:, None] * stride_wr + offs_k[None, :],
-                    mask=n_ok[:, None] & k_ok[None, :], other=0.0)  # fmt: skip
-        acc += mm(a, tl.trans(w), UPCAST, PREC)
+    acc = _band_dot(Act + s * stride_as, stride_at, W2 + s * stride_ws, stride_wr, offs_t, t_ok, offs_n, n_ok, K,
+                    BLOCK_T, BLOCK_N, BLOCK_K, UPCAST, PREC)  # fmt: skip
     y = acc.to(Act.dtype.element_ty).to(tl.float32)
     gam = tl.load(Gam + offs_t * stride_gt + s * stride_gs, mask=t_ok, other=0.0).to(tl.float32)
     tl.store(Out + offs_t[:, None] * stride_ot + (topk + s) * stride_oe + offs_n[None, :],
