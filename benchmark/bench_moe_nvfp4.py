@@ -231,8 +231,8 @@ def main() -> None:
     p.add_argument("--calls", type=int, default=8, help="MoE calls (fresh routings) per captured graph")
     p.add_argument("--replays", type=int, default=20)
     p.add_argument("--no-bf16", action="store_true", help="skip the BF16 fused_moe comparison (29 GB of weights)")
-    p.add_argument("--sink-path", choices=SINK_PATHS, default="blas",
-                   help="the BF16 sinks beside the routed CUDA kernels: cuBLAS (default) or the Triton GEMVs")
+    p.add_argument("--sink-path", choices=SINK_PATHS, default="gemv",
+                   help="the BF16 sinks beside the routed CUDA kernels: the Triton GEMVs (default) or cuBLAS")
     p.add_argument("--result-file", type=Path, required=True)
     p.add_argument("--dump-dir", type=Path, default=None, help="write the first variant's PTX here")
     args = p.parse_args()

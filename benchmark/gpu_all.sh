@@ -29,7 +29,8 @@ STAGES="${STAGES:-tests bench_moe bench_nvfp4 bench_nvfp4_mtp mtp_adaptive_nvfp4
 want() { [[ " $STAGES " == *" $1 "* ]]; }
 # The MoE build sweep: the shipped default (sinks on a side stream, two routed launches, the cp.async
 # row ring of 4 stages: copies of whole 128-byte row spans) beside the chunk ring it replaced (row_ring=0).
-SWEEP=(default "c:1,4,8,256,4,1,0,8,1,1,1,0,0")
+# SWEEP_SPECS (space-separated) replaces it, e.g. SWEEP_SPECS=default for the shipped build alone.
+read -r -a SWEEP <<< "${SWEEP_SPECS:-default c:1,4,8,256,4,1,0,8,1,1,1,0,0}"
 # Every CUDA MoE library the tests and the sweep load, built in parallel first.
 stage prebuild 120 "$PY" benchmark/prebuild_cuda.py "${SWEEP[@]}"
 M=test/kernels/test_fused_moe_nvfp4.py
@@ -63,11 +64,12 @@ want bench_moe && stage bench_moe 160 "$PY" benchmark/bench_moe_nvfp4.py --no-bf
   --tiles "${SWEEP[@]}" \
   --result-file "$OUT/bench_moe_nvfp4_inkling-slice.json"
 # sink_gemv (not in the default STAGES): the BF16 sinks alone in cuBLAS and Triton forms, then the fused MoE
-# with the Triton GEMVs for its sinks (a file of its own: the README's MoE table stays the shipped path's).
+# with cuBLAS for its sinks (a file of its own: the README's MoE table stays the shipped path's, the GEMVs).
 if want sink_gemv; then
-  stage sink_gemms 90 "$PY" benchmark/bench_sink_gemms.py --out "$OUT/bench_sink_gemms_inkling.json"
-  stage bench_moe_gemv 120 "$PY" benchmark/bench_moe_nvfp4.py --no-bf16 --replays 10 --batch-sizes 1 8 64 \
-    --sink-path gemv --result-file "$OUT/bench_moe_nvfp4_gemv_sinks_inkling-slice.json"
+  stage sink_gemms 90 "$PY" benchmark/bench_sink_gemms.py --batch-sizes 1 8 16 32 64 \
+    --out "$OUT/bench_sink_gemms_inkling.json"
+  stage bench_moe_blas 120 "$PY" benchmark/bench_moe_nvfp4.py --no-bf16 --replays 10 --batch-sizes 1 8 64 \
+    --sink-path blas --result-file "$OUT/bench_moe_nvfp4_blas_sinks_inkling-slice.json"
 fi
 # Decode is timed with the build the sweep found fastest (moe_build.py --pick; "" is the shipped default).
 MOE_BUILD=""

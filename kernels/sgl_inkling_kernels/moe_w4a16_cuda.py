@@ -164,13 +164,15 @@ def sinks_blas(x, sw13, sw2, gam, out, topk: int) -> None:
 
 
 SINK_PATHS = ("blas", "gemv")
-_sink_path = "blas"  # H200 at 852ce32: cuBLAS streams the sinks at 3.11 / 2.90 / 2.69 TB/s (batch 1 / 8 / 64)
+# H200 at b86aaac, fused MoE us at batch 1 / 8 / 64 (sinks alone): the Triton GEMVs 137.6 (67.7) / 574.6
+# (85.2) / 2533 (300), cuBLAS at 19bdd38 146.2 (85.2) / 594.0 (99.0) / 2520 (296).
+_sink_path = "gemv"
 
 
 def set_sink_path(name: str) -> None:
-    """How the fused MoE's BF16 sinks run outside the routed kernels: "blas" (sinks_blas, the default)
-    or "gemv" (sink_gemv.sinks_gemv, two Triton launches, for batches up to its MAX_TOKENS; cuBLAS
-    above). A benchmark switch until the H200 shows which is faster."""
+    """How the fused MoE's BF16 sinks run outside the routed kernels: "gemv" (the default:
+    sink_gemv.sinks_gemv, two Triton launches, for batches up to its MAX_TOKENS; cuBLAS above) or
+    "blas" (sinks_blas at every batch; what bench_moe_nvfp4 --sink-path blas compares against)."""
     global _sink_path
     if name not in SINK_PATHS:
         raise ValueError(f"sink path {name!r}: one of {', '.join(SINK_PATHS)}")

@@ -9,9 +9,13 @@ Why: at batch 1 the sinks are 54% of the fused NVFP4 MoE's bytes, and cuBLAS str
 4.3 TB/s at best (benchmark/bench_sink_gemms.py, H200) in five launches (the gate/up GEMM, the
 activation, the down bmm, the weighting and the copy). Here each program streams a band of weight
 rows over the whole K with the batch's tokens as a 16-row MMA operand, the activation is the
-gate/up launch's epilogue and the weighting the down launch's. Not the default: chosen with
-`moe_w4a16_cuda.set_sink_path("gemv")` until the H200 says it is faster (bench_sink_gemms.py times
-both). Grids depend on shapes only (CUDA-graph safe).
+gate/up launch's epilogue and the weighting the down launch's. H200 at b86aaac: 59.3 / 60.5 us at
+batch 1 / 8 (3.82 / 3.74 TB/s, 89% / 87% of 4.3) against cuBLAS's 74.9 / 80.3 us, so the fused MoE's
+default (moe_w4a16_cuda.set_sink_path). Grids depend on shapes only (CUDA-graph safe).
+
+Compile variants: T is not specialised (do_not_specialize), so a launch's Triton variant follows
+BLOCK_T alone, the batch rounded up to 16, 32 or 64 (WARMUP_TOKENS meets each once); the pipeline's
+stages are cut to what the token and weight tiles leave of shared memory.
 """
 
 from __future__ import annotations
@@ -21,6 +25,8 @@ import torch
 from sgl_inkling_kernels._triton import dot_mode, interpreting, mm, next_pow2, require_triton, tl, triton
 
 MAX_TOKENS = 64
+WARMUP_TOKENS = (1, 32, MAX_TOKENS)  # one batch per token tile (16, 32, 64): every variant serving meets
+SMEM_BYTES = 220 * 1024  # of the H200's 227 KB a block may use, less Triton's own scratch
 
 
 @triton.jit
@@ -38,7 +44,7 @@ def _band_dot(A, stride_a, W, stride_w, offs_t, t_ok, offs_r, r_ok, K,
     return acc
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["T"])
 def _sink_up_kernel(
     X, W13, Act, T, K, INTER,
     stride_xt, stride_ws, stride_wr, stride_as, stride_at,
@@ -62,7 +68,7 @@ def _sink_up_kernel(
              mask=t_ok[:, None] & (offs_j < INTER)[None, :])  # fmt: skip
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["T"])
 def _sink_down_kernel(
     Act, W2, Gam, Out, T, K, H, topk,
     stride_as, stride_at, stride_ws, stride_wr, stride_gt, stride_gs, stride_ot, stride_oe,
@@ -100,6 +106,10 @@ def sinks_gemv(x, sw13, sw2, gam, out, topk: int, block_j: int = 16, block_n: in
     if interpreting():
         block_k = min(block_k, 64)
     upcast, prec = dot_mode(x.dtype)
+    # Each stage holds a token tile and a weight tile of block_k columns; 64 tokens with 64-row tiles
+    # at 4 stages would ask for 256 KB.
+    per_stage = (block_t + max(2 * block_j, block_n)) * block_k * x.element_size()
+    num_stages = max(1, min(num_stages, SMEM_BYTES // per_stage))
     act = torch.empty(n_sinks, t, inter, dtype=x.dtype, device=x.device)
     _sink_up_kernel[(n_sinks, triton.cdiv(inter, block_j))](
         x, sw13, act, t, h, inter,

@@ -7,7 +7,8 @@ SHORT_EXTEND tokens per sequence run as decode queries, the router's fp32 GEMM r
 up to FUSED_ROUTER_MAX_TOKENS, and the fused MoE takes large row blocks once a batch has
 4 (token, expert) pairs per local expert; with NVFP4 experts on a CUDA GPU, batches of up to
 CUDA_MAX_PAIRS_PER_EXPERT pairs per expert take the CUDA decode kernels (one build of every
-variant, at the first call) and longer ones the Triton MMA kernels. The kernels mark their batch-dependent ints
+variant, at the first call), whose BF16 sinks are Triton GEMVs with one variant per token tile
+(sink_gemv.WARMUP_TOKENS), and longer ones the Triton MMA kernels. The kernels mark their batch-dependent ints
 `do_not_specialize` and ForwardBatch keeps each index tensor 16-byte aligned (Triton also keys on pointer
 alignment), so one batch down each path is enough: extends of 1 token, SHORT_EXTEND, one
 past it, one past the router limit and one past the MoE's (each on a 1-token cached prefix), and
@@ -29,6 +30,7 @@ from sgl_inkling.model_executor.forward_batch import ForwardBatch, ForwardMode
 from sgl_inkling.models.inkling.moe import FUSED_ROUTER_MAX_TOKENS, MoE
 from sgl_inkling_kernels.fused_moe_nvfp4 import CUDA_MAX_PAIRS_PER_EXPERT
 from sgl_inkling_kernels.jit_watch import log_compiles_after_warmup, warming_up
+from sgl_inkling_kernels.sink_gemv import WARMUP_TOKENS as SINK_WARMUP_TOKENS
 
 
 def extend_lengths(model, device: torch.device = torch.device("cpu")) -> list[int]:
@@ -36,9 +38,12 @@ def extend_lengths(model, device: torch.device = torch.device("cpu")) -> list[in
     moe = [m for m in model.modules() if isinstance(m, MoE)]
     big = max((-(-4 * m.experts.num_local // m.gate.top_k) + 1 for m in moe), default=1)
     want = {1, SHORT_EXTEND, SHORT_EXTEND + 1, FUSED_ROUTER_MAX_TOKENS + 1, big}
-    if device.type == "cuda":  # past the CUDA decode kernels of NVFP4 experts: the Triton MMA ones
+    if device.type == "cuda" and any(m.experts.nvfp4 for m in moe):
+        # Past the CUDA decode kernels of NVFP4 experts: the Triton MMA ones. Inside them the BF16
+        # sinks' GEMVs compile one variant per token tile.
         want |= {-(-CUDA_MAX_PAIRS_PER_EXPERT * m.experts.num_local // m.gate.top_k) + 1 for m in moe
                  if m.experts.nvfp4}  # fmt: skip
+        want |= set(SINK_WARMUP_TOKENS)
     return sorted(want)
 
 

@@ -12,7 +12,8 @@ import torch
 
 from sgl_inkling_kernels._triton import interpreting
 from sgl_inkling_kernels.moe_w4a16_cuda import sinks_blas
-from sgl_inkling_kernels.sink_gemv import MAX_TOKENS, sinks_gemv
+from sgl_inkling_kernels.jit_keys import record_keys
+from sgl_inkling_kernels.sink_gemv import MAX_TOKENS, WARMUP_TOKENS, sinks_gemv
 
 
 def brute(x, sw13, sw2, gam, topk: int, out_shape) -> torch.Tensor:
@@ -57,3 +58,24 @@ def test_sinks_gemv_refuses_what_it_cannot_hold():
     sw13, sw2 = torch.randn(2, 16, 32), torch.randn(2, 32, 8)
     with pytest.raises(ValueError, match="at most 64 tokens"):
         sinks_gemv(x, sw13, sw2, torch.rand(MAX_TOKENS + 1, 2), torch.empty(MAX_TOKENS + 1, 5, 32), 3)
+
+
+def _keys(t: int, h: int = 128, i: int = 64) -> set:
+    """The compile keys of one sinks_gemv call at batch t (Triton's own rules: jit_keys)."""
+    g = torch.Generator().manual_seed(t)
+    x = torch.randn(t, h, generator=g, dtype=torch.bfloat16)
+    sw13 = torch.randn(2, 2 * i, h, generator=g, dtype=torch.bfloat16)
+    sw2 = torch.randn(2, h, i, generator=g, dtype=torch.bfloat16)
+    with record_keys() as log:
+        sinks_gemv(x, sw13, sw2, torch.rand(t, 2, dtype=torch.bfloat16), torch.empty(t, 8, h), 6)
+    return log.keys()
+
+
+def test_warmup_batches_compile_every_variant_a_batch_can_meet():
+    # What kernel_warmup runs through the CUDA MoE on the GPU: after it, no batch of 1..64 tokens
+    # (decode buckets, short extends, MTP verify widths) may need a compile of its own. Two
+    # variants per warm-up batch (gate/up and down), each a different token tile.
+    warm = set().union(*(_keys(t) for t in WARMUP_TOKENS))
+    assert len(warm) == 2 * len(WARMUP_TOKENS)
+    for t in (2, 3, 15, 16, 17, 24, 31, 33, 48, 63):
+        assert _keys(t) <= warm, f"batch {t} needs a variant warm-up did not compile"
