@@ -10,7 +10,8 @@ Prompts are seeded random token ids sent as `input_ids` to /generate with `ignor
 streamed, so every output token's arrival time is seen: TTFT = first token, ITL = gaps between
 chunks, TPOT = (E2E - TTFT) / (output tokens - 1). For each `--max-concurrency` level,
 `--num-prompts` requests (default: twice the level, at least 8) are kept in flight by that many
-client threads (request rate: as fast as the server answers). Flag names follow SGLang's
+client threads (request rate: as fast as the server answers), spread over `--client-processes`
+processes so the client keeps up with the server. Flag names follow SGLang's
 bench_serving where it has one. Only the standard library (+ numpy, orjson if present) is used on the
 client side, so it runs anywhere the server does. Writes one JSON file under benchmark/results/.
 """
@@ -21,6 +22,7 @@ import argparse
 import datetime as dt
 import http.client
 import json
+import multiprocessing
 import os
 import queue
 import random
@@ -141,32 +143,63 @@ def make_prompts(n: int, input_len: int, output_len: int, range_ratio: float, se
     return prompts
 
 
-def run_level(base: str, prompts, concurrency: int, timeout: float) -> tuple[list[dict], float]:
-    """Keep `concurrency` requests in flight until every prompt has been answered."""
-    todo: queue.Queue = queue.Queue()
-    for p in prompts:
-        todo.put(p)
-    results: list[dict] = []
-    lock = threading.Lock()
+def _client_threads(base: str, jobs, done, n_threads: int, timeout: float) -> None:
+    """n_threads threads, each sending the next prompt of `jobs` once its last answer is in, until a
+    None; every result goes to `done`. Runs in this process or in a client process."""
 
     def worker() -> None:
-        while True:
-            try:
-                ids, olen = todo.get_nowait()
-            except queue.Empty:
-                return
+        while (job := jobs.get()) is not None:
+            ids, olen = job
             r = stream_generate(base, ids, olen, timeout)
             r["expected_output_len"] = olen
-            with lock:
-                results.append(r)
+            done.put(r)
 
-    threads = [threading.Thread(target=worker, daemon=True) for _ in range(min(concurrency, len(prompts)))]
-    t0 = time.perf_counter()
+    threads = [threading.Thread(target=worker, daemon=True) for _ in range(n_threads)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    return results, time.perf_counter() - t0
+
+
+def client_processes(concurrency: int, asked: int | None) -> int:
+    """How many processes share the client threads. Streamed /generate events carry the whole output
+    so far (as upstream), so one client process at concurrency 64 spends ~150 us per token under one
+    GIL: at 6,000 tok/s that is a whole core, and the last tokens reach it ~1 s after the server sent
+    them (H200, c751dc6). Default: one process per 4 cores, at most one per request in flight."""
+    return max(1, min(concurrency, asked or (os.cpu_count() or 1) // 4))
+
+
+def run_level(base: str, prompts, concurrency: int, timeout: float, processes: int = 1) -> tuple[list[dict], float]:
+    """Keep `concurrency` requests in flight until every prompt has been answered, from `processes`
+    client processes (forked; 1: threads of this process)."""
+    n_threads = min(concurrency, len(prompts))
+    processes = min(processes, n_threads)
+    ctx = multiprocessing.get_context("fork") if processes > 1 else None
+    jobs, done = (ctx.Queue(), ctx.Queue()) if ctx else (queue.Queue(), queue.Queue())
+    for p in prompts:
+        jobs.put(p)
+    for _ in range(n_threads):
+        jobs.put(None)  # one stop per thread, behind every prompt
+    t0 = time.perf_counter()
+    if ctx is None:
+        _client_threads(base, jobs, done, n_threads, timeout)
+        results = [done.get() for _ in prompts]
+        return results, time.perf_counter() - t0
+    share = [n_threads // processes + (i < n_threads % processes) for i in range(processes)]
+    procs = [ctx.Process(target=_client_threads, args=(base, jobs, done, k, timeout), daemon=True) for k in share]
+    for pr in procs:
+        pr.start()
+    results: list[dict] = []
+    while len(results) < len(prompts):  # drained before the joins: a child exits only once its puts are out
+        try:
+            results.append(done.get(timeout=1.0))
+        except queue.Empty:
+            if not any(pr.is_alive() for pr in procs) and done.empty():
+                raise RuntimeError(f"client processes exited with {len(results)} of {len(prompts)} answers") from None
+    duration = time.perf_counter() - t0
+    for pr in procs:
+        pr.join()
+    return results, duration
 
 
 ITL_EDGES_MS = (0, 5, 10, 12, 15, 20, 50, 100, 200, 500, float("inf"))
@@ -304,6 +337,8 @@ def parse_args(argv: list[str] | None):
     p.add_argument("--max-concurrency", type=int, nargs="+", default=[1, 8, 64, 256])
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--request-timeout", type=float, default=3600.0)
+    p.add_argument("--client-processes", type=int, default=None,
+                   help="processes sharing a level's client threads (default: one per 4 cores, at most the level)")
     p.add_argument("--engine-timings", type=Path, default=None,
                    help="engine_timings.py JSON: each level gets its back-to-back figure (back_to_back.py)")
     p.add_argument("--note", default=None, help="free text stored in the JSON (e.g. why lengths were scaled)")
@@ -372,8 +407,10 @@ def main(argv: list[str] | None = None) -> dict:
             prompts = make_prompts(n, args.random_input_len, args.random_output_len, args.random_range_ratio,
                                    args.seed)  # fmt: skip
             before, cpu0 = _counters(base), process_cpu(server)
-            results, duration = run_level(base, prompts, c, args.request_timeout)
+            procs = client_processes(c, args.client_processes)
+            results, duration = run_level(base, prompts, c, args.request_timeout, procs)
             run = summarize(results, duration, c)
+            run["client_processes"] = procs
             after, cpu1 = _counters(base), process_cpu(server)
             if cpu0:
                 # Per serving process (and this client): CPU seconds per output token over the level.
@@ -421,8 +458,8 @@ def process_cpu(server) -> dict[str, float]:
         name = "http (tokenizer manager)" if pid == server.proc.pid else procs[pid][1]
         out[name] = out.get(name, 0.0) + procs[pid][2]
         stack += [p for p, (ppid, _, _) in procs.items() if ppid == pid]
-    t = os.times()
-    out["client (this process)"] = t.user + t.system
+    t = os.times()  # with the client processes of finished levels (reaped children)
+    out["client (this process)"] = t.user + t.system + t.children_user + t.children_system
     return out
 
 

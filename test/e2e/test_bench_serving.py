@@ -23,7 +23,7 @@ def test_bench_serving_json_is_consistent(server, tmp_path):
         "--engine-timings", str(engine),
         "--base-url", server.base_url, "--max-concurrency", *map(str, levels), "--num-prompts", str(n),
         "--random-input-len", str(in_len), "--random-output-len", str(out_len), "--random-range-ratio", "0.5",
-        "--seed", "7", "--note", "smoke", "--output-file", str(out),
+        "--seed", "7", "--note", "smoke", "--output-file", str(out), "--client-processes", "2",
     ])  # fmt: skip
     d = json.loads(out.read_text())
     assert d["enable_mixed_chunk"] is False and d["engine_timings"]["prefill_ms"] == 50.0  # off by default
@@ -34,6 +34,7 @@ def test_bench_serving_json_is_consistent(server, tmp_path):
         assert run["output_throughput_over_back_to_back"] == pytest.approx(
             run["output_throughput"] / b["output_throughput"])
         assert set(run["mixed_steps"]) == {"num_mixed_steps", "num_mixed_decode_tokens"}
+        assert run["client_processes"] == min(c, 2)  # level 3: two forked clients share its threads
     d = json.loads(out.read_text())
     assert d["benchmark"] == "bench_serving" and d["note"] == "smoke" and len(d["git_commit"]) >= 7
     assert d["server_args"]["served_model_name"] == "inkling-tiny"

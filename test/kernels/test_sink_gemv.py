@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from sgl_inkling_kernels._triton import interpreting
-from sgl_inkling_kernels.moe_w4a16_cuda import sinks_blas
 from sgl_inkling_kernels.jit_keys import record_keys
+from sgl_inkling_kernels.moe_w4a16_cuda import sinks_blas
 from sgl_inkling_kernels.sink_gemv import MAX_TOKENS, WARMUP_TOKENS, sinks_gemv
 
 
