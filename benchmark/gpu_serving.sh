@@ -43,7 +43,7 @@ if command -v nvidia-smi >/dev/null; then gpu_begin gpu_serving; else
 fi
 left() { echo $((BUDGET - (SECONDS - START))); }
 
-[ "$CONFIG" = slice ] && stage test_mixed_gpu 45 "$PY" -m pytest -q -x -p no:cacheprovider test/gpu/test_mixed_chunk_gpu.py
+[ "$CONFIG" = slice ] && stage test_mixed_gpu 100 "$PY" -m pytest -q -x -p no:cacheprovider test/gpu/test_mixed_chunk_gpu.py
 stage engine_timings 75 "$PY" benchmark/engine_timings.py --config "$CONFIG" --input-len "$IN_LEN" \
   --output-len "$OUT_LEN" --batch-size 1 16 32 48 64 128 256 --decode-steps 10 --sustained-steps 100 --prefill-repeats 2 \
   "${QARGS[@]}" --out "$OUT/engine_timings_$NAME.json"
