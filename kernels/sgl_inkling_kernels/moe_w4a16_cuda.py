@@ -164,23 +164,43 @@ def sinks_blas(x, sw13, sw2, gam, out, topk: int) -> None:
 
 
 SINK_PATHS = ("blas", "gemv")
+
+
+@dataclass(frozen=True)
+class SinkPlan:
+    """How the fused MoE's BF16 sinks run outside the routed kernels. path: "gemv" (sink_gemv.sinks_gemv,
+    two Triton launches, for batches up to its MAX_TOKENS; cuBLAS above) or "blas" (sinks_blas at every
+    batch); after_up: on the side stream, launched after the routed gate/up launch (still free to start
+    with it) rather than before it, so the block scheduler fills the machine with routed CTAs first and
+    sink CTAs take what their tails leave; gemv_stages: the GEMVs' pipeline stages (fewer: less shared
+    memory a CTA, more CTAs beside the routed ones); gemv_blocks: their (gate/up, down) row bands."""
+
+    path: str = "gemv"
+    after_up: bool = False
+    gemv_stages: int = 4
+    gemv_blocks: tuple[int, int] = (16, 32)
+
+
 # H200 at b86aaac, fused MoE us at batch 1 / 8 / 64 (sinks alone): the Triton GEMVs 137.6 (67.7) / 574.6
 # (85.2) / 2533 (300), cuBLAS at 19bdd38 146.2 (85.2) / 594.0 (99.0) / 2520 (296).
-_sink_path = "gemv"
+_sink_plan = SinkPlan()
 
 
-def set_sink_path(name: str) -> None:
-    """How the fused MoE's BF16 sinks run outside the routed kernels: "gemv" (the default:
-    sink_gemv.sinks_gemv, two Triton launches, for batches up to its MAX_TOKENS; cuBLAS above) or
-    "blas" (sinks_blas at every batch; what bench_moe_nvfp4 --sink-path blas compares against)."""
-    global _sink_path
+def set_sink_path(name: str, **plan) -> None:
+    """Choose the SinkPlan: its path and any of its other fields (benchmarks compare them:
+    bench_moe_nvfp4 --sink-path, --sink-after-up, --sink-gemv-stages, --sink-gemv-blocks)."""
+    global _sink_plan
     if name not in SINK_PATHS:
         raise ValueError(f"sink path {name!r}: one of {', '.join(SINK_PATHS)}")
-    _sink_path = name
+    _sink_plan = SinkPlan(name, **plan)
 
 
-def _sinks(t: int):
-    return sinks_gemv if _sink_path == "gemv" and t <= GEMV_MAX_TOKENS else sinks_blas
+def _run_sinks(x, sw13, sw2, gam, out, k: int) -> None:
+    if _sink_plan.path == "gemv" and x.shape[0] <= GEMV_MAX_TOKENS:
+        j, n = _sink_plan.gemv_blocks
+        sinks_gemv(x, sw13, sw2, gam, out, k, block_j=j, block_n=n, num_stages=_sink_plan.gemv_stages)
+    else:
+        sinks_blas(x, sw13, sw2, gam, out, k)
 
 
 @functools.cache
@@ -210,18 +230,28 @@ def moe_w4a16_decode(x, w13, s13, g13, w2, s2, g2, ids, weights, sw13, sw2, gam,
     pairs, block_expert = moe_align(ids, n_exp, 8 * tiles.nt)
     w32 = weights.reshape(-1).float()
     in_kernel = sw13 is not None and not tiles.sink_stream and t <= min(tiles.kernel_sink_max, MAX_SINK_TOKENS)
-    side = None
-    if sw13 is not None and not in_kernel and tiles.sink_stream:
+    apart = sw13 is not None and not in_kernel
+    main = side = ready = None
+    if apart and tiles.sink_stream:
         # Sinks and routed experts read disjoint weights: on two streams (a fork and a join that CUDA
-        # graphs capture) the sinks' GEMMs stream while the routed launches do, where one stream would
-        # leave the DRAM idle in each launch's ramp and tail. x and out belong to the main stream and
-        # outlive the join; the side stream's own temporaries stay in its allocator pool.
+        # graphs capture) the sinks stream while the routed launches do, where one stream would leave
+        # the DRAM idle in each launch's ramp and tail. x and out belong to the main stream and outlive
+        # the join; the side stream's own temporaries stay in its allocator pool. The fork point is
+        # taken before the routed launches whichever goes first, so the sinks never wait for one.
         main, side = torch.cuda.current_stream(x.device), _side_stream(x.device)
-        side.wait_stream(main)
+        ready = torch.cuda.Event()
+        ready.record(main)
+
+    def sinks() -> None:
+        if side is None:
+            _run_sinks(x, sw13, sw2, gam, out, k)
+            return
+        side.wait_event(ready)
         with torch.cuda.stream(side):
-            _sinks(t)(x, sw13, sw2, gam, out, k)
-    elif sw13 is not None and not in_kernel:
-        _sinks(t)(x, sw13, sw2, gam, out, k)
+            _run_sinks(x, sw13, sw2, gam, out, k)
+
+    if apart and not (side is not None and _sink_plan.after_up):
+        sinks()
     n_sink_blocks = sw13.shape[0] if in_kernel else 0  # one block per sink: sink_nt(t) tiles of 8
     nt_s = sink_nt(t)
     g32 = gam.float() if in_kernel else w32.new_empty(0)
@@ -237,5 +267,7 @@ def moe_w4a16_decode(x, w13, s13, g13, w2, s2, g2, ids, weights, sw13, sw2, gam,
         if in_kernel:
             _launch(lib, up, nt_s, tiles.depth, 0, n_sink_blocks, src, codes, scales, scale2, sink, *common)
         _launch(lib, up, tiles.nt, tiles.depth, n_sink_blocks, n_routed, src, codes, scales, scale2, sink, *common)
+        if up and side is not None and _sink_plan.after_up:
+            sinks()
     if side is not None:
         main.wait_stream(side)

@@ -229,6 +229,38 @@ def test_side_stream_sinks_replay_from_a_cuda_graph(pdl, row_ring):
         _assert_close(got, _reference(x2, w13, w2, ids2, weights2, sw13, sw2, gam2), torch.bfloat16)
 
 
+@pytest.mark.skipif(not CUDA, reason="CUDA kernels")
+@pytest.mark.parametrize("plan", [{"path": "gemv", "after_up": True}, {"path": "blas", "after_up": True},
+                                  {"path": "gemv", "gemv_stages": 2, "gemv_blocks": (64, 64)}],
+                         ids=["gemv-after-up", "blas-after-up", "gemv-2-stages-64x64"])  # fmt: skip
+def test_sink_plans_replay_from_a_cuda_graph(plan):
+    """Every SinkPlan the benchmarks compare captures and replays to the reference: the sinks launched
+    after the gate/up launch still wait only for the fork point taken before it."""
+    from sgl_inkling_kernels.moe_w4a16_cuda import SinkPlan, set_sink_path
+
+    tiles = CudaTiles(nt=1, sink_stream=1)
+    shape = (16, 2, 6, 1024, 512, 4)
+    x, w13, w2, ids, weights, sw13, sw2, gam = _problem(*shape, torch.bfloat16, seed=23)
+    static = [t.clone() for t in (x, ids, weights, gam)]
+    set_sink_path(plan.pop("path"), **plan)
+    try:
+        fused_moe_nvfp4(static[0], *w13, *w2, static[1], static[2], sw13, sw2, static[3], tiles=tiles)  # builds
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            got = fused_moe_nvfp4(static[0], *w13, *w2, static[1], static[2], sw13, sw2, static[3], tiles=tiles)
+        for seed in (3, 4):
+            x2, _, _, ids2, weights2, _, _, gam2 = _problem(*shape, torch.bfloat16, seed=seed)
+            for dst, src in zip(static, (x2, ids2, weights2, gam2)):
+                dst.copy_(src)
+            graph.replay()
+            torch.cuda.synchronize()
+            _assert_close(got, _reference(x2, w13, w2, ids2, weights2, sw13, sw2, gam2), torch.bfloat16)
+    finally:
+        default = SinkPlan()
+        set_sink_path(default.path, after_up=default.after_up, gemv_stages=default.gemv_stages,
+                      gemv_blocks=default.gemv_blocks)  # fmt: skip
+
+
 def _shifted(t: torch.Tensor, offset: int) -> torch.Tensor:
     """A copy of t that starts `offset` bytes into its storage (same shape and strides)."""
     raw = torch.empty(t.numel() * t.element_size() + offset, dtype=torch.uint8, device=t.device)[offset:]
