@@ -235,7 +235,7 @@ def main() -> None:
                    help="the BF16 sinks beside the routed CUDA kernels: the Triton GEMVs (default) or cuBLAS")
     p.add_argument("--sink-after-up", action="store_true",
                    help="launch the side stream's sinks after the routed gate/up launch (SinkPlan.after_up)")
-    p.add_argument("--sink-gemv-stages", type=int, default=4, help="the sinks' GEMV pipeline stages")
+    p.add_argument("--sink-gemv-stages", type=int, default=3, help="the sinks' GEMV pipeline stages")
     p.add_argument("--sink-gemv-blocks", type=int, nargs=2, default=[16, 32], metavar=("J", "N"),
                    help="the sinks' GEMV row bands: gate/up J, down N")
     p.add_argument("--result-file", type=Path, required=True)

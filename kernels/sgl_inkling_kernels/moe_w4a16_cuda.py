@@ -177,7 +177,9 @@ class SinkPlan:
 
     path: str = "gemv"
     after_up: bool = False
-    gemv_stages: int = 4
+    gemv_stages: int = 3  # H200 at d64dab0, fused MoE us at batch 1 / 8 / 64: 130.9 / 559.2 / 2561 against
+    # 136.6 / 575.8 / 2560 with 4 stages; 2 stages 129.8 / 565.9 / 2563; sinks after the gate/up launch
+    # 139.8 / 569.8 / 2537; 64-row bands 134.1 / 567.4 / 2550 (sweep.tgz's JSON in results/diagnostics)
     gemv_blocks: tuple[int, int] = (16, 32)
 
 
