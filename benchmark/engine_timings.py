@@ -10,7 +10,9 @@ Measures (CUDA events on the GPU, median of repeats after a warm-up):
 - the decode step at each batch size with every sequence `input-len + output-len / 2` tokens deep
   (the mean context of a 1K-token decode), replayed from a CUDA graph as the server does. The KV
   read is real (the slots are allocated; their contents are whatever the pool holds, which costs
-  the same), the token ids random.
+  the same), the token ids random. `--decode-layout serving` interleaves the last output-len / 2
+  positions' slots across the batch, as the server's decode steps leave them (one slot per running
+  request per step), where the default gives each sequence one run.
 bench_serving --engine-timings reads the JSON and puts the back-to-back figure beside each level.
 """
 
@@ -62,22 +64,34 @@ def prefill_ms(runner: ModelRunner, n: int, vocab: int, repeats: int, gen: torch
     return statistics.median(times)
 
 
+def _slots(alloc, bsz: int, n: int, tail: int) -> list[torch.Tensor]:
+    """n slots for each of bsz sequences: the first n - tail of each as one run, the last `tail` interleaved
+    across the sequences (token j of sequence i at j * bsz + i of one block), as decode steps that
+    allocate one slot per running request leave them."""
+    tail = min(tail, n)
+    heads = [alloc(n - tail) for _ in range(bsz)]
+    if not tail:
+        return heads
+    block = alloc(bsz * tail).view(tail, bsz)
+    return [torch.cat([h, block[:, i]]) for i, h in enumerate(heads)]
+
+
 def decode_ms(runner: ModelRunner, bsz: int, ctx: int, window: int, vocab: int, steps: int, gen,
-              sustained: int = 0) -> tuple[float, float | None]:  # fmt: skip
+              sustained: int = 0, interleaved: int = 0) -> tuple[float, float | None]:  # fmt: skip
     """One decode step of `bsz` sequences `ctx` tokens deep: full KV for every position, sliding KV
     for the window only (older sliding slots are freed in serving too). The median of single timed
     replays, and on CUDA the mean of `sustained` replays back to back (as serving runs them, for
-    seconds: clocks and power under a long run, no pause for the host between steps)."""
-    r, held = runner, []
-    rows, full_out, swa_out = [], [], []
-    for _ in range(bsz):
-        row = r.req_to_token.alloc()
-        full = r.full_pool.allocator.alloc(ctx + 1)
-        swa = r.swa_pool.allocator.alloc(window + 1)
+    seconds: clocks and power under a long run, no pause for the host between steps). `interleaved`:
+    the last that many positions of every sequence (and of its window) in slots interleaved across
+    the batch, as serving's decode steps lay them out; 0: every sequence's slots in one run."""
+    r = runner
+    rows = [r.req_to_token.alloc() for _ in range(bsz)]
+    fulls = _slots(r.full_pool.allocator.alloc, bsz, ctx + 1, interleaved + 1 if interleaved else 0)
+    swas = _slots(r.swa_pool.allocator.alloc, bsz, window + 1, interleaved + 1 if interleaved else 0)
+    full_out, swa_out = [], []
+    for row, full, swa in zip(rows, fulls, swas):
         r.req_to_token.write("full", row, 0, full)
         r.req_to_token.write("swa", row, ctx - window, swa)
-        held.append((row, full, swa))
-        rows.append(row)
         full_out.append(int(full[-1]))
         swa_out.append(int(swa[-1]))
     ids = torch.randint(0, vocab, (bsz, 1), generator=gen).tolist()
@@ -103,7 +117,7 @@ def decode_ms(runner: ModelRunner, bsz: int, ctx: int, window: int, vocab: int, 
             times.append(clock.ms(a, clock.mark()))
         return statistics.median(times), None
     finally:
-        for row, full, swa in held:
+        for row, full, swa in zip(rows, fulls, swas):
             r.full_pool.allocator.free(full)
             r.swa_pool.allocator.free(swa)
             r.req_to_token.free(row)
@@ -120,6 +134,9 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--prefill-repeats", type=int, default=2)
     p.add_argument("--sustained-steps", type=int, default=0,
                    help="also time this many decode replays back to back per batch size (CUDA)")
+    p.add_argument("--decode-layout", choices=("runs", "serving"), default="runs",
+                   help="runs: every sequence's KV slots in one run; serving: the last output-len / 2 positions "
+                   "interleaved across the batch, as decode steps allocate them in the server")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--quantization", choices=NVFP4_METHODS, default=None, help="NVFP4 routed experts (dummy codes)")
     p.add_argument("--out", type=Path, required=True)
@@ -144,10 +161,11 @@ def main(argv: list[str] | None = None) -> dict:
     gen = torch.Generator().manual_seed(args.seed)
     pre = prefill_ms(runner, args.input_len, vocab, args.prefill_repeats, gen)
     print(f"prefill of {args.input_len} tokens: {pre:.1f} ms", flush=True)
+    interleaved = args.output_len // 2 if args.decode_layout == "serving" else 0
     steps, sustained = {}, {}
     for bsz in sorted(args.batch_size):
         steps[str(bsz)], sustained[str(bsz)] = decode_ms(runner, bsz, ctx, window, vocab, args.decode_steps, gen,
-                                                         args.sustained_steps)  # fmt: skip
+                                                         args.sustained_steps, interleaved)  # fmt: skip
         more = f" ({sustained[str(bsz)]:.2f} ms sustained)" if sustained[str(bsz)] else ""
         print(f"decode step at batch {bsz}, {ctx} tokens deep: {steps[str(bsz)]:.2f} ms{more}", flush=True)
     commit, dirty = git_commit()
@@ -163,6 +181,7 @@ def main(argv: list[str] | None = None) -> dict:
         "input_len": args.input_len,
         "output_len": args.output_len,
         "decode_context_len": ctx,
+        "decode_layout": args.decode_layout,
         "prefill_ms": pre,
         "decode_step_ms": steps,
         "decode_step_sustained_ms": sustained,  # null where not measured
