@@ -212,16 +212,21 @@ def test_cuda_decode_matches_reference(shape, tiles):
 def test_side_stream_sinks_replay_from_a_cuda_graph(pdl, row_ring):
     """The side-stream fork and join (and the programmatic launch edge, the row ring's copies) are
     captured: replays on new inputs equal the reference."""
-    tiles = CudaTiles(nt=1, sink_stream=1, pdl=pdl, row_ring=row_ring)
+    _graph_replays_match_reference(CudaTiles(nt=1, sink_stream=1, pdl=pdl, row_ring=row_ring), 21, (1, 2))
+
+
+def _graph_replays_match_reference(tiles: CudaTiles, seed: int, replay_seeds: tuple[int, ...]) -> None:
+    """Capture the fused MoE on one problem, then replay it on the inputs of others (the weights kept):
+    every replay equals the reference."""
     shape = (16, 2, 6, 1024, 512, 4)
-    x, w13, w2, ids, weights, sw13, sw2, gam = _problem(*shape, torch.bfloat16, seed=21)
+    x, w13, w2, ids, weights, sw13, sw2, gam = _problem(*shape, torch.bfloat16, seed=seed)
     static = [t.clone() for t in (x, ids, weights, gam)]
     fused_moe_nvfp4(static[0], *w13, *w2, static[1], static[2], sw13, sw2, static[3], tiles=tiles)  # builds
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         got = fused_moe_nvfp4(static[0], *w13, *w2, static[1], static[2], sw13, sw2, static[3], tiles=tiles)
-    for seed in (1, 2):
-        x2, _, _, ids2, weights2, _, _, gam2 = _problem(*shape, torch.bfloat16, seed=seed)
+    for s in replay_seeds:
+        x2, _, _, ids2, weights2, _, _, gam2 = _problem(*shape, torch.bfloat16, seed=s)
         for dst, src in zip(static, (x2, ids2, weights2, gam2)):
             dst.copy_(src)
         graph.replay()
@@ -236,29 +241,16 @@ def test_side_stream_sinks_replay_from_a_cuda_graph(pdl, row_ring):
 def test_sink_plans_replay_from_a_cuda_graph(plan):
     """Every SinkPlan the benchmarks compare captures and replays to the reference: the sinks launched
     after the gate/up launch still wait only for the fork point taken before it."""
+    import dataclasses
+
     from sgl_inkling_kernels.moe_w4a16_cuda import SinkPlan, set_sink_path
 
-    tiles = CudaTiles(nt=1, sink_stream=1)
-    shape = (16, 2, 6, 1024, 512, 4)
-    x, w13, w2, ids, weights, sw13, sw2, gam = _problem(*shape, torch.bfloat16, seed=23)
-    static = [t.clone() for t in (x, ids, weights, gam)]
+    plan, default = dict(plan), dataclasses.asdict(SinkPlan())
     set_sink_path(plan.pop("path"), **plan)
     try:
-        fused_moe_nvfp4(static[0], *w13, *w2, static[1], static[2], sw13, sw2, static[3], tiles=tiles)  # builds
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            got = fused_moe_nvfp4(static[0], *w13, *w2, static[1], static[2], sw13, sw2, static[3], tiles=tiles)
-        for seed in (3, 4):
-            x2, _, _, ids2, weights2, _, _, gam2 = _problem(*shape, torch.bfloat16, seed=seed)
-            for dst, src in zip(static, (x2, ids2, weights2, gam2)):
-                dst.copy_(src)
-            graph.replay()
-            torch.cuda.synchronize()
-            _assert_close(got, _reference(x2, w13, w2, ids2, weights2, sw13, sw2, gam2), torch.bfloat16)
+        _graph_replays_match_reference(CudaTiles(nt=1, sink_stream=1), 23, (3, 4))
     finally:
-        default = SinkPlan()
-        set_sink_path(default.path, after_up=default.after_up, gemv_stages=default.gemv_stages,
-                      gemv_blocks=default.gemv_blocks)  # fmt: skip
+        set_sink_path(default.pop("path"), **default)
 
 
 def _shifted(t: torch.Tensor, offset: int) -> torch.Tensor:
