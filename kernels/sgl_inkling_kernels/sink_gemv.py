@@ -9,9 +9,10 @@ Why: at batch 1 the sinks are 54% of the fused NVFP4 MoE's bytes, and cuBLAS str
 4.3 TB/s at best (benchmark/bench_sink_gemms.py, H200) in five launches (the gate/up GEMM, the
 activation, the down bmm, the weighting and the copy). Here each program streams a band of weight
 rows over the whole K with the batch's tokens as a 16-row MMA operand, the activation is the
-gate/up launch's epilogue and the weighting the down launch's. H200 at b86aaac: 59.3 / 60.5 us at
-batch 1 / 8 (3.82 / 3.74 TB/s, 89% / 87% of 4.3) against cuBLAS's 74.9 / 80.3 us, so the fused MoE's
-default (moe_w4a16_cuda.set_sink_path). Grids depend on shapes only (CUDA-graph safe).
+gate/up launch's epilogue and the weighting the down launch's. H200 at 1b494e6, alone: 58.4 / 59.5 /
+60.3 / 76.5 / 76.2 us at 1 / 8 / 16 / 32 / 64 tokens (3.88 TB/s, 90% of 4.3, at batch 1) against
+cuBLAS's 72.8 / 78.0 / 78.3 / 80.8 / 83.5 us, so the fused MoE's default, where it runs beside the
+routed kernels with 3 stages (moe_w4a16_cuda.SinkPlan). Grids depend on shapes only (CUDA-graph safe).
 
 Compile variants: T is not specialised (do_not_specialize), so a launch's Triton variant follows
 BLOCK_T alone, the batch rounded up to 16, 32 or 64 (WARMUP_TOKENS meets each once); the pipeline's
