@@ -37,7 +37,7 @@ stage prebuild 120 "$PY" benchmark/prebuild_cuda.py "${SWEEP[@]}"
 M=test/kernels/test_fused_moe_nvfp4.py
 CASES=("$M::test_cuda_decode_matches_reference" "$M::test_side_stream_sinks_replay_from_a_cuda_graph"
   "$M::test_cuda_decode_is_the_default_and_skips_foreign_ids" "$M::test_blas_sinks_match_a_brute_force"
-  "$M::test_default_build_serves_scales_off_8_byte_boundaries")
+  "$M::test_default_build_serves_scales_off_8_byte_boundaries" "$M::test_sink_plans_replay_from_a_cuda_graph")
 # GPU_TESTS (default: these) narrows the test stage; a failure there keeps decode on the shipped build.
 GPU_TESTS="${GPU_TESTS:-${CASES[*]} test/gpu/test_kernel_warmup.py test/kernels/test_qkvr_epilogue.py
   test/kernels/test_sconv_norm.py test/gpu/test_overlap_gpu.py test/gpu/test_mtp_sample_accept_sync.py}"
