@@ -346,6 +346,8 @@ def parse_args(argv: list[str] | None):
     args = p.parse_args(own)
     if args.num_prompts and len(args.num_prompts) not in (1, len(args.max_concurrency)):
         p.error("--num-prompts takes one number or one per --max-concurrency level")
+    if args.client_processes is not None and args.client_processes < 1:
+        p.error(f"--client-processes must be at least 1, got {args.client_processes}")
     args.server_args = server_args
     return args
 

@@ -118,3 +118,10 @@ def test_slice_model_name_becomes_a_directory_with_its_config():
     assert args[args.index("--load-format") + 1] == "dummy"  # the slice has no checkpoint
     assert resolve_bench_model(["--model", "/x", "--load-format", "safetensors"]) == (
         ["--model", "/x", "--load-format", "safetensors"], "/x")  # fmt: skip
+
+
+@pytest.mark.parametrize("n", ["0", "-2"])
+def test_client_processes_below_one_is_refused_naming_the_flag(n, capsys):
+    with pytest.raises(SystemExit):
+        bench_serving.parse_args(["--client-processes", n])
+    assert "--client-processes" in capsys.readouterr().err
