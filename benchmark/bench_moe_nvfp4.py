@@ -233,15 +233,13 @@ def main() -> None:
     p.add_argument("--no-bf16", action="store_true", help="skip the BF16 fused_moe comparison (29 GB of weights)")
     p.add_argument("--sink-path", choices=SINK_PATHS, default="gemv",
                    help="the BF16 sinks beside the routed CUDA kernels: the Triton GEMVs (default) or cuBLAS")
-    p.add_argument("--sink-after-up", action="store_true",
-                   help="launch the side stream's sinks after the routed gate/up launch (SinkPlan.after_up)")
     p.add_argument("--sink-gemv-stages", type=int, default=3, help="the sinks' GEMV pipeline stages")
     p.add_argument("--sink-gemv-blocks", type=int, nargs=2, default=[16, 32], metavar=("J", "N"),
                    help="the sinks' GEMV row bands: gate/up J, down N")
     p.add_argument("--result-file", type=Path, required=True)
     p.add_argument("--dump-dir", type=Path, default=None, help="write the first variant's PTX here")
     args = p.parse_args()
-    set_sink_path(args.sink_path, after_up=args.sink_after_up, gemv_stages=args.sink_gemv_stages,
+    set_sink_path(args.sink_path, gemv_stages=args.sink_gemv_stages,
                   gemv_blocks=tuple(args.sink_gemv_blocks))
     h, i, n_exp, k, n_s = args.hidden, args.inter, args.experts, args.top_k, args.sinks
     gen = torch.Generator(device="cuda").manual_seed(0)
@@ -278,7 +276,7 @@ def main() -> None:
         # What "default dispatch" ran: the shipped CudaTiles (default builds change between commits).
         "default_build": tiles_doc(CudaTiles()),
         "sink_path": args.sink_path,
-        "sink_plan": {"after_up": args.sink_after_up, "gemv_stages": args.sink_gemv_stages,
+        "sink_plan": {"gemv_stages": args.sink_gemv_stages,
                       "gemv_blocks": args.sink_gemv_blocks},
         "kernels": kernel_stats(args.dump_dir),
     }  # fmt: skip

@@ -170,27 +170,25 @@ SINK_PATHS = ("blas", "gemv")
 class SinkPlan:
     """How the fused MoE's BF16 sinks run outside the routed kernels. path: "gemv" (sink_gemv.sinks_gemv,
     two Triton launches, for batches up to its MAX_TOKENS; cuBLAS above) or "blas" (sinks_blas at every
-    batch); after_up: on the side stream, launched after the routed gate/up launch (still free to start
-    with it) rather than before it, so the block scheduler fills the machine with routed CTAs first and
-    sink CTAs take what their tails leave; gemv_stages: the GEMVs' pipeline stages (fewer: less shared
-    memory a CTA, more CTAs beside the routed ones); gemv_blocks: their (gate/up, down) row bands."""
+    batch); gemv_stages: the GEMVs' pipeline stages (fewer: less shared memory a CTA, more routed CTAs
+    beside them); gemv_blocks: their (gate/up, down) row bands.
+
+    H200 sweep at d64dab0 (results/diagnostics/sink_plan_sweep_d64dab0), fused MoE us at batch 1 / 8 / 64:
+    3 stages 130.9 / 559.2 / 2561, 4 stages 136.6 / 575.8 / 2560, 2 stages 129.8 / 565.9 / 2563, 64-row
+    bands 134.1 / 567.4 / 2550; the sinks launched after the routed gate/up launch (from the same fork
+    point) 139.8 / 569.8 / 2537, slower at batch 1 and removed since."""
 
     path: str = "gemv"
-    after_up: bool = False
-    gemv_stages: int = 3  # H200 at d64dab0, fused MoE us at batch 1 / 8 / 64: 130.9 / 559.2 / 2561 against
-    # 136.6 / 575.8 / 2560 with 4 stages; 2 stages 129.8 / 565.9 / 2563; sinks after the gate/up launch
-    # 139.8 / 569.8 / 2537; 64-row bands 134.1 / 567.4 / 2550 (sweep.tgz's JSON in results/diagnostics)
+    gemv_stages: int = 3
     gemv_blocks: tuple[int, int] = (16, 32)
 
 
-# H200 at b86aaac, fused MoE us at batch 1 / 8 / 64 (sinks alone): the Triton GEMVs 137.6 (67.7) / 574.6
-# (85.2) / 2533 (300), cuBLAS at 19bdd38 146.2 (85.2) / 594.0 (99.0) / 2520 (296).
 _sink_plan = SinkPlan()
 
 
 def set_sink_path(name: str, **plan) -> None:
     """Choose the SinkPlan: its path and any of its other fields (benchmarks compare them:
-    bench_moe_nvfp4 --sink-path, --sink-after-up, --sink-gemv-stages, --sink-gemv-blocks)."""
+    bench_moe_nvfp4 --sink-path, --sink-gemv-stages, --sink-gemv-blocks)."""
     global _sink_plan
     if name not in SINK_PATHS:
         raise ValueError(f"sink path {name!r}: one of {', '.join(SINK_PATHS)}")
@@ -232,28 +230,18 @@ def moe_w4a16_decode(x, w13, s13, g13, w2, s2, g2, ids, weights, sw13, sw2, gam,
     pairs, block_expert = moe_align(ids, n_exp, 8 * tiles.nt)
     w32 = weights.reshape(-1).float()
     in_kernel = sw13 is not None and not tiles.sink_stream and t <= min(tiles.kernel_sink_max, MAX_SINK_TOKENS)
-    apart = sw13 is not None and not in_kernel
-    main = side = ready = None
-    if apart and tiles.sink_stream:
+    side = None
+    if sw13 is not None and not in_kernel and tiles.sink_stream:
         # Sinks and routed experts read disjoint weights: on two streams (a fork and a join that CUDA
         # graphs capture) the sinks stream while the routed launches do, where one stream would leave
         # the DRAM idle in each launch's ramp and tail. x and out belong to the main stream and outlive
-        # the join; the side stream's own temporaries stay in its allocator pool. The fork point is
-        # taken before the routed launches whichever goes first, so the sinks never wait for one.
+        # the join; the side stream's own temporaries stay in its allocator pool.
         main, side = torch.cuda.current_stream(x.device), _side_stream(x.device)
-        ready = torch.cuda.Event()
-        ready.record(main)
-
-    def sinks() -> None:
-        if side is None:
-            _run_sinks(x, sw13, sw2, gam, out, k)
-            return
-        side.wait_event(ready)
+        side.wait_stream(main)
         with torch.cuda.stream(side):
             _run_sinks(x, sw13, sw2, gam, out, k)
-
-    if apart and not (side is not None and _sink_plan.after_up):
-        sinks()
+    elif sw13 is not None and not in_kernel:
+        _run_sinks(x, sw13, sw2, gam, out, k)
     n_sink_blocks = sw13.shape[0] if in_kernel else 0  # one block per sink: sink_nt(t) tiles of 8
     nt_s = sink_nt(t)
     g32 = gam.float() if in_kernel else w32.new_empty(0)
@@ -269,7 +257,5 @@ def moe_w4a16_decode(x, w13, s13, g13, w2, s2, g2, ids, weights, sw13, sw2, gam,
         if in_kernel:
             _launch(lib, up, nt_s, tiles.depth, 0, n_sink_blocks, src, codes, scales, scale2, sink, *common)
         _launch(lib, up, tiles.nt, tiles.depth, n_sink_blocks, n_routed, src, codes, scales, scale2, sink, *common)
-        if up and side is not None and _sink_plan.after_up:
-            sinks()
     if side is not None:
         main.wait_stream(side)

@@ -235,12 +235,11 @@ def _graph_replays_match_reference(tiles: CudaTiles, seed: int, replay_seeds: tu
 
 
 @pytest.mark.skipif(not CUDA, reason="CUDA kernels")
-@pytest.mark.parametrize("plan", [{"path": "gemv", "after_up": True}, {"path": "blas", "after_up": True},
-                                  {"path": "gemv", "gemv_stages": 2, "gemv_blocks": (64, 64)}],
-                         ids=["gemv-after-up", "blas-after-up", "gemv-2-stages-64x64"])  # fmt: skip
+@pytest.mark.parametrize("plan", [{"path": "blas"}, {"path": "gemv", "gemv_stages": 2, "gemv_blocks": (64, 64)}],
+                         ids=["blas", "gemv-2-stages-64x64"])  # fmt: skip
 def test_sink_plans_replay_from_a_cuda_graph(plan):
-    """Every SinkPlan the benchmarks compare captures and replays to the reference: the sinks launched
-    after the gate/up launch still wait only for the fork point taken before it."""
+    """The SinkPlans the benchmarks compare beside the default (which the side-stream test runs) capture
+    and replay to the reference."""
     import dataclasses
 
     from sgl_inkling_kernels.moe_w4a16_cuda import SinkPlan, set_sink_path
