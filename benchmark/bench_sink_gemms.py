@@ -1,7 +1,7 @@
 """The BF16 sink experts of one MoE layer (Inkling width: 2 sinks, H 6144, I 3072) through cuBLAS in
 several forms and through this project's Triton GEMVs, against the bandwidth floor of their 226 MB.
-The fused NVFP4 MoE runs them on a side stream beside the routed launches (gemv_16x32 up to 64
-tokens, moe_w4a16_cuda._sinks); at batch 1 they are over half the layer's MoE bytes, so how close to
+The fused NVFP4 MoE runs them on a side stream beside the routed launches (gemv_16x32, with 3 stages
+there, up to 64 tokens: moe_w4a16_cuda.SinkPlan); at batch 1 they are over half the layer's MoE bytes, so how close to
 the floor they stream bounds the whole MoE.
 
 Forms (each checked against the first):
