@@ -1,6 +1,7 @@
 """Where a serving decode step's time goes on the host: the Scheduler run in this process (its own
 event-loop step, sampling, commits and outputs; no HTTP) over a batch of running requests, timed per
-step against the same batch's CUDA-graph replay alone, with a cProfile of the steps.
+step against the same batch's CUDA-graph replay alone (before and after the timed steps: the
+contexts grow by one token a step), with medians per window of steps and a cProfile of the last ones.
 
     python benchmark/profile_scheduler_step.py --batch-size 64 --input-len 1024 \
         --out benchmark/results/profile_scheduler_step_inkling-slice-nvfp4_bs64.json \
@@ -36,9 +37,27 @@ from benchmark.bench_one_batch import git_commit, replay_ms  # noqa: E402
 from benchmark.slice_dir import write_slice_dir  # noqa: E402
 from sgl_inkling.managers.io_struct import TokenizedGenerateReq  # noqa: E402
 from sgl_inkling.managers.scheduler import Scheduler  # noqa: E402
+from sgl_inkling.model_resolution import resolve_model_path  # noqa: E402
 from sgl_inkling.model_executor.cuda_graph_runner import bucket_for  # noqa: E402
 from sgl_inkling.sampling.sampling_params import SamplingParams  # noqa: E402
 from sgl_inkling.server_args import ServerArgs  # noqa: E402
+
+
+def graph_replays(s: Scheduler, sync) -> tuple[float | None, float | None]:
+    """The device's part alone, with the whole batch running: the batch's decode graph replayed one
+    at a time and back to back (ms). Replays advance the requests' conv states (the outputs of dummy
+    weights change, not the work)."""
+    if s.runner.graphs is None:
+        return None, None
+    bucket = s.runner.graphs.graphs[bucket_for(s.runner.graphs.buckets, len(s.running))]
+    one = statistics.median(replay_ms(bucket.replay, 20))
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(100):
+        bucket.replay()
+    end.record()
+    sync()
+    return one, start.elapsed_time(end) / 100
 
 
 def main() -> None:
@@ -46,12 +65,14 @@ def main() -> None:
     ap.add_argument("--model-path", default=None, help="default: inkling-slice (dummy weights)")
     ap.add_argument("--batch-size", type=int, default=64)
     ap.add_argument("--input-len", type=int, default=1024)
-    ap.add_argument("--steps", type=int, default=100)
+    ap.add_argument("--steps", type=int, default=100, help="timed steps (unprofiled)")
+    ap.add_argument("--window", type=int, default=100, help="steps per median in step_ms_median_per_window")
+    ap.add_argument("--profile-steps", type=int, default=50, help="cProfiled steps after the timed ones")
     ap.add_argument("--quantization", default=None)
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
-    path = a.model_path or str(write_slice_dir())
+    path = str(resolve_model_path(a.model_path)) if a.model_path else str(write_slice_dir())
     args = ServerArgs(model_path=path, device=a.device, quantization=a.quantization, random_seed=0,
                       load_format="dummy" if a.model_path is None else "auto",
                       max_running_requests=max(a.batch_size, 1), cuda_graph_max_bs=max(a.batch_size, 1))  # fmt: skip
@@ -72,50 +93,41 @@ def main() -> None:
         drain()
 
     g = torch.Generator().manual_seed(0)
-    total = a.steps + 20
+    # Enough tokens that no request finishes before the last profiled step: mixed prefill steps
+    # already give the running requests a token each while the batch fills.
+    max_new = a.steps + a.profile_steps + a.batch_size * (a.input_len // args.chunked_prefill_size + 2) + 20
     for i in range(a.batch_size):
         ids = torch.randint(0, 199_990, (a.input_len,), generator=g).tolist()
-        sp = SamplingParams.from_dict({"ignore_eos": True, "temperature": 0, "max_new_tokens": total})
+        sp = SamplingParams.from_dict({"ignore_eos": True, "temperature": 0, "max_new_tokens": max_new})
         s.handle(TokenizedGenerateReq(rid=f"r{i}", input_ids=ids, sampling_params=sp))
     while s.waiting or s.partial or len(s.running) < a.batch_size:
         step()
     for _ in range(10):  # warm: every request decoding, the pending step in flight
         step()
     sync()
-    # The device's part alone, with the whole batch running: the same bucket's decode graph replayed
-    # once at a time and back to back. Replays advance the requests' conv states (the outputs of
-    # dummy weights change, not the work), so this goes before the timed steps, not after them
-    # (at the end most requests have finished and the bucket replays padding).
-    graph_ms = sustained_ms = None
-    if s.runner.graphs is not None:
-        bucket = s.runner.graphs.graphs[bucket_for(s.runner.graphs.buckets, len(s.running))]
-        graph_ms = statistics.median(replay_ms(bucket.replay, 20))
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(100):
-            bucket.replay()
-        end.record()
-        sync()
-        sustained_ms = start.elapsed_time(end) / 100
+    graph_first = graph_replays(s, sync)
     times = []
-    for _ in range(a.steps // 2):
+    for _ in range(a.steps):
         t = time.perf_counter()
         step()
         times.append((time.perf_counter() - t) * 1e3)
     sync()
+    graph_last = graph_replays(s, sync)
     prof = cProfile.Profile()
     prof.enable()
     t = time.perf_counter()
-    for _ in range(a.steps // 2):
+    for _ in range(a.profile_steps):
         step()
     sync()
-    prof_ms = (time.perf_counter() - t) * 1e3 / (a.steps // 2)
+    prof_ms = (time.perf_counter() - t) * 1e3 / a.profile_steps
     prof.disable()
-    # The device's part alone: the same batch's decode graph replayed back to back.
+    finished = a.batch_size - len(s.running)
     buf = io.StringIO()
     st = pstats.Stats(prof, stream=buf)
     st.sort_stats("tottime").print_stats(30)
     st.sort_stats("cumtime").print_stats("sgl_inkling", 30)
+    w = a.window
+    windows = [statistics.median(times[i : i + w]) for i in range(0, len(times), w)]
     commit, dirty = git_commit()
     report = {
         "benchmark": "profile_scheduler_step",
@@ -126,13 +138,18 @@ def main() -> None:
         "quantization": a.quantization,
         "batch_size": a.batch_size,
         "input_len": a.input_len,
-        "running": len(s.running),
         "overlap": s.overlap,
+        "finished_before_the_end": finished,
+        "steps": a.steps,
         "step_ms_median": statistics.median(times),
         "step_ms_mean": statistics.fmean(times),
+        "step_ms_median_per_window": windows,
+        "window_steps": w,
         "step_ms_profiled": prof_ms,
-        "graph_replay_ms": graph_ms,
-        "graph_replay_sustained_ms": sustained_ms,
+        "graph_replay_ms": graph_first[0],
+        "graph_replay_sustained_ms": graph_first[1],
+        "graph_replay_ms_after": graph_last[0],
+        "graph_replay_sustained_ms_after": graph_last[1],
         "profile": buf.getvalue(),
     }
     print(buf.getvalue()[:6000])
