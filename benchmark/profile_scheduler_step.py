@@ -37,8 +37,8 @@ from benchmark.bench_one_batch import git_commit, replay_ms  # noqa: E402
 from benchmark.slice_dir import write_slice_dir  # noqa: E402
 from sgl_inkling.managers.io_struct import TokenizedGenerateReq  # noqa: E402
 from sgl_inkling.managers.scheduler import Scheduler  # noqa: E402
-from sgl_inkling.model_resolution import resolve_model_path  # noqa: E402
 from sgl_inkling.model_executor.cuda_graph_runner import bucket_for  # noqa: E402
+from sgl_inkling.model_resolution import resolve_model_path  # noqa: E402
 from sgl_inkling.sampling.sampling_params import SamplingParams  # noqa: E402
 from sgl_inkling.server_args import ServerArgs  # noqa: E402
 
