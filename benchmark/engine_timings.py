@@ -6,7 +6,8 @@ process (a separate stage before the server starts: the GPU holds one copy of th
         [--quantization modelopt_fp4]  # NVFP4 routed experts, as the server's --quantization
 
 Measures (CUDA events on the GPU, median of repeats after a warm-up):
-- the prefill of one `--input-len`-token prompt (one EXTEND forward, eager as served);
+- the prefill of one `--input-len`-token prompt (one EXTEND forward, eager as served), and with
+  `--mixed-riders` the same forward carrying that many decode tokens (a mixed step);
 - the decode step at each batch size with every sequence `input-len + output-len / 2` tokens deep
   (the mean context of a 1K-token decode), replayed from a CUDA graph as the server does. The KV
   read is real (the slots are allocated; their contents are whatever the pool holds, which costs
@@ -43,21 +44,38 @@ from sgl_inkling.models.inkling.tiny import TINY_CONFIG  # noqa: E402
 from sgl_inkling.models.inkling.weights import init_dummy_weights  # noqa: E402
 
 
-def prefill_ms(runner: ModelRunner, n: int, vocab: int, repeats: int, gen: torch.Generator) -> float:
+def prefill_ms(runner: ModelRunner, n: int, vocab: int, repeats: int, gen: torch.Generator,
+               riders: int = 0, ctx: int = 0, window: int = 0) -> float:  # fmt: skip
+    """One EXTEND forward of an `n`-token prompt, eager as served; with `riders`, a mixed step: the
+    same chunk followed by one decode token for each of that many sequences `ctx` tokens deep (their
+    KV laid out as decode_ms lays it), as --enable-mixed-chunk batches them."""
     clock, times = Clock(runner.device), []
+    rows = [runner.req_to_token.alloc() for _ in range(riders)]
+    fulls = _slots(runner.full_pool.allocator.alloc, riders, ctx + 1, 0)
+    swas = _slots(runner.swa_pool.allocator.alloc, riders, window + 1, 0)
+    for row, full, swa in zip(rows, fulls, swas):
+        runner.req_to_token.write("full", row, 0, full)
+        runner.req_to_token.write("swa", row, ctx - window, swa)
     for rep in range(repeats + 1):  # the first is warm-up
         row = runner.req_to_token.alloc()
         full, swa = runner.full_pool.allocator.alloc(n), runner.swa_pool.allocator.alloc(n)
         runner.req_to_token.write("full", row, 0, full)
         runner.req_to_token.write("swa", row, 0, swa)
-        ids = torch.randint(0, vocab, (n,), generator=gen).tolist()
-        fb = ForwardBatch.build(ForwardMode.EXTEND, [ids], [row], [0], full.tolist(), swa.tolist(), runner.device)
+        ids = [torch.randint(0, vocab, (n,), generator=gen).tolist()]
+        ids += torch.randint(0, vocab, (riders, 1), generator=gen).tolist()
+        fb = ForwardBatch.build(ForwardMode.EXTEND, ids, [row, *rows], [0] + [ctx] * riders,
+                                full.tolist() + [int(f[-1]) for f in fulls],
+                                swa.tolist() + [int(w[-1]) for w in swas], runner.device)  # fmt: skip
         a = clock.mark()
         runner.forward(fb)
         b = clock.mark()
         clock.sync()
         if rep:
             times.append(clock.ms(a, b))
+        runner.full_pool.allocator.free(full)
+        runner.swa_pool.allocator.free(swa)
+        runner.req_to_token.free(row)
+    for row, full, swa in zip(rows, fulls, swas):
         runner.full_pool.allocator.free(full)
         runner.swa_pool.allocator.free(swa)
         runner.req_to_token.free(row)
@@ -132,13 +150,30 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--batch-size", type=int, nargs="+", default=[1, 16, 64, 256])
     p.add_argument("--decode-steps", type=int, default=10)
     p.add_argument("--prefill-repeats", type=int, default=2)
-    p.add_argument("--sustained-steps", type=int, default=0,
-                   help="also time this many decode replays back to back per batch size (CUDA)")
-    p.add_argument("--decode-layout", choices=("runs", "serving"), default="runs",
-                   help="runs: every sequence's KV slots in one run; serving: the last output-len / 2 positions "
-                   "interleaved across the batch, as decode steps allocate them in the server")
+    p.add_argument(
+        "--sustained-steps",
+        type=int,
+        default=0,
+        help="also time this many decode replays back to back per batch size (CUDA)",
+    )
+    p.add_argument(
+        "--decode-layout",
+        choices=("runs", "serving"),
+        default="runs",
+        help="runs: every sequence's KV slots in one run; serving: the last output-len / 2 positions "
+        "interleaved across the batch, as decode steps allocate them in the server",
+    )
+    p.add_argument(
+        "--mixed-riders",
+        type=int,
+        nargs="*",
+        default=[],
+        help="also time the prefill with this many decode riders at the decode depth (mixed steps)",
+    )
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--quantization", choices=NVFP4_METHODS, default=None, help="NVFP4 routed experts (dummy codes)")
+    p.add_argument(
+        "--quantization", choices=NVFP4_METHODS, default=None, help="NVFP4 routed experts (dummy codes)"
+    )
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args(argv)
     device = torch.device(args.device)
@@ -146,7 +181,9 @@ def main(argv: list[str] | None = None) -> dict:
     config = slice_config() if args.config == "slice" else InklingConfig.from_dict(TINY_CONFIG)
     expert_quant = resolve_quantization(args.quantization, None, "dummy")
     config = with_expert_quant(config, expert_quant)
-    name = ("inkling-slice" if args.config == "slice" else "inkling-tiny") + ("-nvfp4" if expert_quant else "")
+    name = ("inkling-slice" if args.config == "slice" else "inkling-tiny") + (
+        "-nvfp4" if expert_quant else ""
+    )
     t0 = time.perf_counter()
     model = build_model(config, torch.bfloat16 if cuda else torch.float32, device)
     init_dummy_weights(model, seed=args.seed)
@@ -155,12 +192,17 @@ def main(argv: list[str] | None = None) -> dict:
     cfg = config.text
     window, vocab = cfg.sliding_window_size, cfg.unpadded_vocab_size
     ctx = args.input_len + args.output_len // 2
-    most = max(args.batch_size)
+    most = max(args.batch_size + [n + 1 for n in args.mixed_riders])  # a mixed step: its prompt and riders
     runner = ModelRunner(model, most, ctx + args.output_len + 8, most * (ctx + 1) + args.input_len + 8,
                          most * (window + 1) + args.input_len + 8, "triton" if cuda else "torch_native")  # fmt: skip
     gen = torch.Generator().manual_seed(args.seed)
     pre = prefill_ms(runner, args.input_len, vocab, args.prefill_repeats, gen)
     print(f"prefill of {args.input_len} tokens: {pre:.1f} ms", flush=True)
+    mixed = {}
+    for n in args.mixed_riders:
+        mixed[str(n)] = prefill_ms(runner, args.input_len, vocab, args.prefill_repeats, gen, n, ctx, window)
+        print(f"prefill of {args.input_len} tokens with {n} decode riders {ctx} tokens deep: {mixed[str(n)]:.1f} ms",
+              flush=True)  # fmt: skip
     interleaved = args.output_len // 2 if args.decode_layout == "serving" else 0
     steps, sustained = {}, {}
     for bsz in sorted(args.batch_size):
@@ -183,6 +225,7 @@ def main(argv: list[str] | None = None) -> dict:
         "decode_context_len": ctx,
         "decode_layout": args.decode_layout,
         "prefill_ms": pre,
+        "mixed_step_ms": mixed,  # riders -> the prefill with that many decode tokens beside it
         "decode_step_ms": steps,
         "decode_step_sustained_ms": sustained,  # null where not measured
     }

@@ -100,8 +100,12 @@ def main() -> None:
         ids = torch.randint(0, 199_990, (a.input_len,), generator=g).tolist()
         sp = SamplingParams.from_dict({"ignore_eos": True, "temperature": 0, "max_new_tokens": max_new})
         s.handle(TokenizedGenerateReq(rid=f"r{i}", input_ids=ids, sampling_params=sp))
+    fill = []  # while the batch fills: mixed steps (a prefill chunk and the running requests' tokens)
     while s.waiting or s.partial or len(s.running) < a.batch_size:
+        riders = len(s.running)
+        t = time.perf_counter()
         step()
+        fill.append(((time.perf_counter() - t) * 1e3, riders))
     for _ in range(10):  # warm: every request decoding, the pending step in flight
         step()
     sync()
@@ -140,6 +144,12 @@ def main() -> None:
         "input_len": a.input_len,
         "overlap": s.overlap,
         "finished_before_the_end": finished,
+        # overlapped, so a step's wall time is its predecessor's device time: the steps that found
+        # requests running, which mixed their tokens in (all but the first few)
+        "fill_step_ms_median": statistics.median([ms for ms, n in fill if n])
+        if any(n for _, n in fill)
+        else None,
+        "fill_steps": len(fill),
         "steps": a.steps,
         "step_ms_median": statistics.median(times),
         "step_ms_mean": statistics.fmean(times),
