@@ -25,6 +25,9 @@ import json
 import statistics
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -44,41 +47,49 @@ from sgl_inkling.models.inkling.tiny import TINY_CONFIG  # noqa: E402
 from sgl_inkling.models.inkling.weights import init_dummy_weights  # noqa: E402
 
 
+@contextmanager
+def mixed_batch(runner: ModelRunner, n: int, vocab: int, gen: torch.Generator, riders: int = 0, ctx: int = 0,
+                window: int = 0) -> Iterator[ForwardBatch]:  # fmt: skip
+    """An EXTEND batch of one `n`-token prompt; with `riders`, a mixed step: the same chunk followed by
+    one decode token for each of that many sequences `ctx` tokens deep (their KV laid out as decode_ms
+    lays it), as --enable-mixed-chunk batches them. Its rows and slots are freed on exit."""
+    rows = [runner.req_to_token.alloc() for _ in range(riders + 1)]
+    fulls = [runner.full_pool.allocator.alloc(n)] + _slots(
+        runner.full_pool.allocator.alloc, riders, ctx + 1, 0
+    )
+    swas = [runner.swa_pool.allocator.alloc(n)] + _slots(
+        runner.swa_pool.allocator.alloc, riders, window + 1, 0
+    )
+    for i, (row, full, swa) in enumerate(zip(rows, fulls, swas)):
+        runner.req_to_token.write("full", row, 0, full)
+        runner.req_to_token.write("swa", row, 0 if i == 0 else ctx - window, swa)
+    ids = [torch.randint(0, vocab, (n,), generator=gen).tolist()]
+    ids += torch.randint(0, vocab, (riders, 1), generator=gen).tolist()
+    out_full = fulls[0].tolist() + [int(f[-1]) for f in fulls[1:]]
+    out_swa = swas[0].tolist() + [int(w[-1]) for w in swas[1:]]
+    try:
+        yield ForwardBatch.build(
+            ForwardMode.EXTEND, ids, rows, [0] + [ctx] * riders, out_full, out_swa, runner.device
+        )
+    finally:
+        for row, full, swa in zip(rows, fulls, swas):
+            runner.full_pool.allocator.free(full)
+            runner.swa_pool.allocator.free(swa)
+            runner.req_to_token.free(row)
+
+
 def prefill_ms(runner: ModelRunner, n: int, vocab: int, repeats: int, gen: torch.Generator,
                riders: int = 0, ctx: int = 0, window: int = 0) -> float:  # fmt: skip
-    """One EXTEND forward of an `n`-token prompt, eager as served; with `riders`, a mixed step: the
-    same chunk followed by one decode token for each of that many sequences `ctx` tokens deep (their
-    KV laid out as decode_ms lays it), as --enable-mixed-chunk batches them."""
+    """One EXTEND forward of `mixed_batch`, eager as served: the median of `repeats` after a warm-up."""
     clock, times = Clock(runner.device), []
-    rows = [runner.req_to_token.alloc() for _ in range(riders)]
-    fulls = _slots(runner.full_pool.allocator.alloc, riders, ctx + 1, 0)
-    swas = _slots(runner.swa_pool.allocator.alloc, riders, window + 1, 0)
-    for row, full, swa in zip(rows, fulls, swas):
-        runner.req_to_token.write("full", row, 0, full)
-        runner.req_to_token.write("swa", row, ctx - window, swa)
     for rep in range(repeats + 1):  # the first is warm-up
-        row = runner.req_to_token.alloc()
-        full, swa = runner.full_pool.allocator.alloc(n), runner.swa_pool.allocator.alloc(n)
-        runner.req_to_token.write("full", row, 0, full)
-        runner.req_to_token.write("swa", row, 0, swa)
-        ids = [torch.randint(0, vocab, (n,), generator=gen).tolist()]
-        ids += torch.randint(0, vocab, (riders, 1), generator=gen).tolist()
-        fb = ForwardBatch.build(ForwardMode.EXTEND, ids, [row, *rows], [0] + [ctx] * riders,
-                                full.tolist() + [int(f[-1]) for f in fulls],
-                                swa.tolist() + [int(w[-1]) for w in swas], runner.device)  # fmt: skip
-        a = clock.mark()
-        runner.forward(fb)
-        b = clock.mark()
-        clock.sync()
+        with mixed_batch(runner, n, vocab, gen, riders, ctx, window) as fb:
+            a = clock.mark()
+            runner.forward(fb)
+            b = clock.mark()
+            clock.sync()
         if rep:
             times.append(clock.ms(a, b))
-        runner.full_pool.allocator.free(full)
-        runner.swa_pool.allocator.free(swa)
-        runner.req_to_token.free(row)
-    for row, full, swa in zip(rows, fulls, swas):
-        runner.full_pool.allocator.free(full)
-        runner.swa_pool.allocator.free(swa)
-        runner.req_to_token.free(row)
     return statistics.median(times)
 
 
@@ -141,6 +152,38 @@ def decode_ms(runner: ModelRunner, bsz: int, ctx: int, window: int, vocab: int, 
             r.req_to_token.free(row)
 
 
+@dataclass
+class Engine:
+    runner: ModelRunner
+    name: str  # inkling-slice[-nvfp4] / inkling-tiny[-nvfp4]
+    window: int
+    vocab: int
+    ctx: int  # the decode depth: input_len + output_len / 2
+    cuda: bool
+
+
+def build_engine(config_name: str, quantization: str | None, device: torch.device, seed: int, most: int,
+                 input_len: int, output_len: int) -> Engine:  # fmt: skip
+    """The model (dummy weights) and a runner with pools for `most` sequences `input_len + output_len` deep."""
+    cuda = device.type == "cuda"
+    config = slice_config() if config_name == "slice" else InklingConfig.from_dict(TINY_CONFIG)
+    expert_quant = resolve_quantization(quantization, None, "dummy")
+    config = with_expert_quant(config, expert_quant)
+    name = ("inkling-slice" if config_name == "slice" else "inkling-tiny") + (
+        "-nvfp4" if expert_quant else ""
+    )
+    t0 = time.perf_counter()
+    model = build_model(config, torch.bfloat16 if cuda else torch.float32, device)
+    init_dummy_weights(model, seed=seed)
+    Clock(device).sync()
+    print(f"{name}: dummy weights in {time.perf_counter() - t0:.1f} s", flush=True)
+    window, vocab = config.text.sliding_window_size, config.text.unpadded_vocab_size
+    ctx = input_len + output_len // 2
+    runner = ModelRunner(model, most, ctx + output_len + 8, most * (ctx + 1) + input_len + 8,
+                         most * (window + 1) + input_len + 8, "triton" if cuda else "torch_native")  # fmt: skip
+    return Engine(runner, name, window, vocab, ctx, cuda)
+
+
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--config", choices=("slice", "tiny"), default="slice")
@@ -176,25 +219,10 @@ def main(argv: list[str] | None = None) -> dict:
     )
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args(argv)
-    device = torch.device(args.device)
-    cuda = device.type == "cuda"
-    config = slice_config() if args.config == "slice" else InklingConfig.from_dict(TINY_CONFIG)
-    expert_quant = resolve_quantization(args.quantization, None, "dummy")
-    config = with_expert_quant(config, expert_quant)
-    name = ("inkling-slice" if args.config == "slice" else "inkling-tiny") + (
-        "-nvfp4" if expert_quant else ""
-    )
-    t0 = time.perf_counter()
-    model = build_model(config, torch.bfloat16 if cuda else torch.float32, device)
-    init_dummy_weights(model, seed=args.seed)
-    Clock(device).sync()
-    print(f"{name}: dummy weights in {time.perf_counter() - t0:.1f} s", flush=True)
-    cfg = config.text
-    window, vocab = cfg.sliding_window_size, cfg.unpadded_vocab_size
-    ctx = args.input_len + args.output_len // 2
     most = max(args.batch_size + [n + 1 for n in args.mixed_riders])  # a mixed step: its prompt and riders
-    runner = ModelRunner(model, most, ctx + args.output_len + 8, most * (ctx + 1) + args.input_len + 8,
-                         most * (window + 1) + args.input_len + 8, "triton" if cuda else "torch_native")  # fmt: skip
+    e = build_engine(args.config, args.quantization, torch.device(args.device), args.seed, most, args.input_len,
+                     args.output_len)  # fmt: skip
+    runner, name, window, vocab, ctx, cuda = e.runner, e.name, e.window, e.vocab, e.ctx, e.cuda
     gen = torch.Generator().manual_seed(args.seed)
     pre = prefill_ms(runner, args.input_len, vocab, args.prefill_repeats, gen)
     print(f"prefill of {args.input_len} tokens: {pre:.1f} ms", flush=True)
@@ -217,7 +245,7 @@ def main(argv: list[str] | None = None) -> dict:
         "timestamp": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "git_commit": commit,
         "git_dirty": dirty,
-        "gpu": torch.cuda.get_device_name(device) if cuda else None,
+        "gpu": torch.cuda.get_device_name(runner.device) if cuda else None,
         "torch": torch.__version__,
         "cuda_graph": cuda,
         "input_len": args.input_len,

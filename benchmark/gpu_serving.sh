@@ -4,8 +4,7 @@
 #      greedy tokens and logprobs as plain decode (graphs) on inkling-tiny in fp32;
 #   1. engine_timings.py: the slice's own prefill of one 8K prompt and its CUDA-graph decode step at
 #      batch 1, 16, 32, 48, 64, 128, 256 with 8.7K-token contexts (a separate measured stage: the GPU
-#      holds one copy of the slice at a time);
-#      and the batch-64 step with serving's interleaved decode KV layout (engine_timings --decode-layout serving);
+#      holds one copy of the slice at a time), and the prefill with 16, 32, 63 decode riders (mixed steps);
 #   2. bench_serving with --enable-mixed-chunk (the default without MTP): 8K in / 1K out at
 #      concurrency 64, 1, 16, 256 (most important first: a time-out keeps the levels done); prompts per
 #      level 64, 2, 16, 96 (the 256 level uses 96 prompts: the JSON says so);
@@ -47,12 +46,7 @@ left() { echo $((BUDGET - (SECONDS - START))); }
 [ "$CONFIG" = slice ] && stage test_mixed_gpu 100 "$PY" -m pytest -q -x -p no:cacheprovider test/gpu/test_mixed_chunk_gpu.py
 stage engine_timings 75 "$PY" benchmark/engine_timings.py --config "$CONFIG" --input-len "$IN_LEN" \
   --output-len "$OUT_LEN" --batch-size 1 16 32 48 64 128 256 --decode-steps 10 --sustained-steps 100 --prefill-repeats 2 \
-  "${QARGS[@]}" --out "$OUT/engine_timings_$NAME.json"
-# The batch-64 step again with the last 512 positions' KV slots interleaved across the batch, as the
-# server's decode steps leave them (a diagnostic beside the back-to-back reference, not used by it).
-stage engine_layout 60 "$PY" benchmark/engine_timings.py --config "$CONFIG" --input-len "$IN_LEN" \
-  --output-len "$OUT_LEN" --batch-size 64 --decode-steps 10 --sustained-steps 100 --prefill-repeats 1 \
-  --decode-layout serving "${QARGS[@]}" --out "$OUT/engine_timings_${NAME}_serving_layout.json"
+  --mixed-riders 16 32 63 "${QARGS[@]}" --out "$OUT/engine_timings_$NAME.json"
 ENGINE=()
 [ -f "$OUT/engine_timings_$NAME.json" ] && ENGINE=(--engine-timings "$OUT/engine_timings_$NAME.json")
 

@@ -11,8 +11,8 @@ variant, at the first call), whose BF16 sinks are Triton GEMVs with one variant 
 (sink_gemv.WARMUP_TOKENS), and longer ones the Triton MMA kernels. The kernels mark their batch-dependent ints
 `do_not_specialize` and ForwardBatch keeps each index tensor 16-byte aligned (Triton also keys on pointer
 alignment), so one batch down each path is enough: extends of 1 token, SHORT_EXTEND, one
-past it, one past the router limit and one past the MoE's (each on a 1-token cached prefix), and
-eager decode steps at batch 1 and at the largest batch (graph capture covers its own buckets).
+past it, one past the router limit and one past the MoE's (each on a 1-token cached prefix), a
+mixed one (one past SHORT_EXTEND beside one token), and eager decode steps at batch 1 and at the largest batch (graph capture covers its own buckets).
 test/kernels/test_no_new_kernel_keys.py checks on the CPU that a mixed workload needs nothing more.
 
 Batches use the padding request row and KV slot 0, as padded CUDA-graph rows do: no request's
@@ -65,6 +65,13 @@ def warm_up_kernels(runner, max_running_requests: int) -> None:
             batch = ForwardBatch.build(ForwardMode.EXTEND, [[0] * m for m in seqs], [pad] * len(seqs),
                                        [1] * len(seqs), [0] * n, [0] * n, dev)  # fmt: skip
             runner.forward_eager(batch)
+        # A mixed step: a long extension beside a 1-token one, which the attention backend runs as a
+        # decode query on its own (gathered rows, a sub-batch for the extend kernel).
+        seqs = [*split_extend(SHORT_EXTEND + 1, ctx), 1]
+        n = sum(seqs)
+        batch = ForwardBatch.build(ForwardMode.EXTEND, [[0] * m for m in seqs], [pad] * len(seqs), [1] * len(seqs),
+                                   [0] * n, [0] * n, dev)  # fmt: skip
+        runner.forward_eager(batch)
         for bs in sorted({1, max_running_requests}):
             batch = ForwardBatch.build(ForwardMode.DECODE, [[0]] * bs, [pad] * bs, [1] * bs, [0] * bs, [0] * bs, dev)
             runner.forward_eager(batch)

@@ -1,7 +1,8 @@
 """One scenario through the real model, for comparing attention backends on inkling-tiny.
 
 Cold prefills that cross the sliding window (16) and the full layers' bias extent (32), a chunked
-prefill resuming from a cached prefix, a ragged extend batch, then batched decode steps.
+prefill resuming from a cached prefix, a ragged extend batch, batched decode steps, then a mixed
+step (a cold prefill beside one decode token per running sequence).
 """
 
 from __future__ import annotations
@@ -46,6 +47,12 @@ def run_scenario(
         out = runner.step(seqs, [[t] for t in toks])
         logits.append(out.logits.cpu())
         last = out.logits
+    # A mixed step: a fourth sequence's cold prefill, longer than the Triton backend's short
+    # extensions, with one decode token for each of the others (they take the decode kernel there).
+    seqs.append(runner.new_seq())
+    toks = last.argmax(-1).tolist()
+    out = runner.step([seqs[3], *seqs[:3]], [random_tokens(40, 6), *([t] for t in toks)], all_logits=True)
+    logits.append(out.logits.cpu())
     for s in seqs:
         runner.free(s)
     return logits, generated

@@ -37,7 +37,9 @@ def test_a_short_context_still_runs_every_token_count(tiny_model, monkeypatch):
     monkeypatch.setattr(runner, "forward_eager", lambda fb: seen.append((fb.mode, fb.extend_lens_cpu)))
     warm_up_kernels(runner, 2)
     extends = [lens for mode, lens in seen if mode is ForwardMode.EXTEND]
-    assert sorted(sum(lens) for lens in extends) == extend_lengths(tiny_model)  # each total in one batch
+    # each total in one batch, and the mixed batch: a long extension beside one token
+    assert sorted(sum(lens) for lens in extends) == sorted([*extend_lengths(tiny_model), SHORT_EXTEND + 2])
+    assert [SHORT_EXTEND + 1, 1] in extends
     assert max(n for lens in extends for n in lens) <= 28  # 1 cached + the sequence + 1 below 30
     assert any(len(lens) > 1 for lens in extends)  # FUSED_ROUTER_MAX_TOKENS + 1 = 65 > 28 was split
     assert kernel_warmup.split_extend(65, 30) == [28, 28, 9]
