@@ -29,7 +29,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from sgl_inkling_kernels._triton import dot_mode, interpreting, mm, next_pow2, require_triton, tl, triton
-from sgl_inkling_kernels.fused_moe import default_block_m, moe_align, over_token_chunks
+from sgl_inkling_kernels.fused_moe import chunk_cap, default_block_m, moe_align, over_token_chunks
 from sgl_inkling_kernels.moe_launch import launch_up_down
 from sgl_inkling_kernels.moe_nvfp4_gemv import INTERPRETER_GEMV_TILES, GemvTiles, moe_nvfp4_gemv
 from sgl_inkling_kernels.moe_w4a16_cuda import CudaTiles, default_cuda_tiles, moe_w4a16_decode, usable
@@ -242,11 +242,12 @@ def fused_moe_nvfp4(
     """fused_moe(x, dequantize_nvfp4(w13..), dequantize_nvfp4(w2..), ids, weights, sinks...) without
     ever materialising the dequantized experts; [T, H] in x's dtype, summed in fp32.
 
-    Long prefills go through in chunks of `max_tokens` (the per-slot fp32 buffer is [T, k + S, H])."""
+    Long prefills go through in chunks of about `max_tokens` (token_chunks; the per-slot fp32 buffer is
+    [T, k + S, H])."""
     _check(x, w13, w13_scale, w13_scale2, w2, w2_scale, w2_scale2, shared_w13, shared_w2)
     x = x if x.stride(-1) == 1 else x.contiguous()
     t, k = ids.shape
-    if t > max_tokens:
+    if t > chunk_cap(max_tokens):
         return over_token_chunks(x, ids, weights, shared_weights, max_tokens, lambda xc, ic, wc, sc: fused_moe_nvfp4(
             xc, w13, w13_scale, w13_scale2, w2, w2_scale, w2_scale2, ic, wc, shared_w13, shared_w2, sc, foreign_ids,
             max_tokens=max_tokens, tiles=tiles, asm=asm))  # fmt: skip

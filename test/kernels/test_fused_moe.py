@@ -11,7 +11,14 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported
 pytest.importorskip("triton")
 
-from sgl_inkling_kernels.fused_moe import fused_moe, fused_moe_ref, moe_align, moe_align_small  # noqa: E402
+from sgl_inkling_kernels.fused_moe import (  # noqa: E402
+    chunk_cap,
+    fused_moe,
+    fused_moe_ref,
+    moe_align,
+    moe_align_small,
+    token_chunks,
+)
 
 CUDA = torch.cuda.is_available()
 DEVICE = "cuda" if CUDA else "cpu"
@@ -111,3 +118,19 @@ def test_moe_align_small_equals_the_sorting_version(tokens, top_k, experts, bloc
     assert f_blocks.cpu().tolist() == ref_blocks.tolist()
     for b in used:
         assert f_pairs[b * block_m : (b + 1) * block_m].cpu().tolist() == ref_pairs[b * block_m : (b + 1) * block_m].tolist()
+
+
+def test_token_chunks_split_evenly_within_the_cap():
+    # Against a brute force over every split: the fewest chunks of at most cap rows, covering the
+    # rows in order, the shortest as long as can be (no short remainder chunk, e.g. of a mixed step's
+    # decode riders, which would stream the experts once more for a few tokens).
+    for max_tokens in (3, 8, 64, 4096):
+        cap = chunk_cap(max_tokens)
+        assert max_tokens <= cap <= max_tokens * 9 // 8
+        for t in list(range(1, 3 * cap + 2)) if max_tokens < 100 else (4096, 4097, 8192, 8224, 8192 + 256, 9300, 12289):
+            got = token_chunks(t, max_tokens)
+            assert [a for a, _ in got] == [0] + [b for _, b in got[:-1]] and got[-1][1] == t
+            fewest = -(-t // cap)
+            assert len(got) == fewest and all(b - a <= cap for a, b in got)
+            assert min(b - a for a, b in got) == t // fewest  # the best shortest chunk for that count
+    assert token_chunks(8192 + 32, 4096) == [(0, 4112), (4112, 8224)]
