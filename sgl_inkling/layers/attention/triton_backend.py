@@ -11,6 +11,8 @@ a rider 8.7K deep on the H200 at 1fc17cb against 0.16 ms a token in a batch-64 d
 
 from __future__ import annotations
 
+from itertools import accumulate
+
 import torch
 
 from sgl_inkling.layers.attention.base import AttentionBackend, AttnLayerSpec
@@ -58,9 +60,7 @@ class TritonBackend(AttentionBackend):
         if not short:
             return
         long = [i for i, n in enumerate(lens) if n > SHORT_EXTEND]
-        starts = [0]
-        for n in lens[:-1]:
-            starts.append(starts[-1] + n)
+        starts = list(accumulate(lens, initial=0))  # each sequence's first row in the flattened tokens
         dev = batch.extend_lens.device
         tokens = [starts[i] + j for i in short for j in range(lens[i])]
         # Host lists, one staged copy each (no device sync); the rest are device gathers.
