@@ -8,13 +8,17 @@ and every --decode-log-interval decode steps:
 
 gen throughput is the tokens the scheduler committed since the last line over the wall time since
 then, measured where they are produced: against a client's figures it tells whether the engine or
-what lies after it (detokenizer, HTTP, client) sets the pace.
+what lies after it (detokenizer, HTTP, client) sets the pace. On a GPU the line ends with
+`device wait: 0.78`, the share of that time the host spent blocked reading sampled tokens back: near
+its usual value the device sets the step time; when steps lengthen while it falls, the host does.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+
+from sgl_inkling.sampling.host_copy import take_waited
 
 logger = logging.getLogger(__name__)
 
@@ -51,19 +55,24 @@ class DecodeLog:
     def after_decode_step(self, sched) -> None:
         if self._t is None:  # the first decode step since start-up or idle opens the window
             self._t, self._tokens = time.perf_counter(), sched.num_generated_tokens
+            take_waited()
         self.steps += 1
         if self.steps % self.interval:
             return
         now = time.perf_counter()
         tokens = sched.num_generated_tokens
-        self.last_gen_throughput = (tokens - self._tokens) / max(now - self._t, 1e-9)
+        window = max(now - self._t, 1e-9)
+        self.last_gen_throughput = (tokens - self._tokens) / window
         self._t, self._tokens = now, tokens
+        waited = take_waited()
         used, usage = _usage(sched)
         line = (f"Decode batch. #running-req: {len(sched.running)}, #token: {used}, "
                 f"token usage: {usage:.2f}, "
                 f"gen throughput (token/s): {self.last_gen_throughput:.2f}, #queue-req: {len(sched.waiting)}")  # fmt: skip
         if sched.spec is not None:
             line += f", accept len: {sched.spec.stats().get('avg_spec_accept_length', 0.0):.2f}"
+        if sched.runner.device.type == "cuda":
+            line += f", device wait: {waited / window:.2f}"
         logger.info(line)
 
     def idle(self) -> None:

@@ -9,9 +9,19 @@ until the copy is done.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 
 import torch
+
+_waited = 0.0  # seconds HostCopy.wait blocked the host: the decode log's share of time waiting on the device
+
+
+def take_waited() -> float:
+    """Seconds the host spent blocked in HostCopy.wait since the last call."""
+    global _waited
+    out, _waited = _waited, 0.0
+    return out
 
 
 def to_device(values: Sequence | torch.Tensor, dtype: torch.dtype, device: torch.device | str) -> torch.Tensor:
@@ -45,6 +55,9 @@ class HostCopy:
         return host
 
     def wait(self) -> list[torch.Tensor | None]:
+        global _waited
         if self._done is not None:
+            t = time.perf_counter()
             self._done.synchronize()
+            _waited += time.perf_counter() - t
         return self._host

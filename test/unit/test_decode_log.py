@@ -106,3 +106,28 @@ def test_prefill_lines_count_every_prompt_token_once(tiny_path, tmp_path_factory
         assert sum(int(m.group(2)) for m in lines) == sum(map(len, prompts)) - sum(cached.values())
         assert sum(int(m.group(3)) for m in lines) == sum(cached.values())
         assert all(int(m.group(2)) <= chunk for m in lines)
+
+
+def test_decode_lines_on_a_gpu_give_the_share_of_time_waiting_on_the_device(monkeypatch, caplog):
+    """A window of 10 s in which HostCopy.wait blocked 7.5 s (a fake clock and a fake wait): the line
+    ends with device wait 0.75; waits before the window opened (a prefill's) do not count."""
+    from types import SimpleNamespace
+
+    from sgl_inkling.managers import scheduler_log
+    from sgl_inkling.sampling import host_copy
+
+    clock = [100.0]
+    monkeypatch.setattr(scheduler_log.time, "perf_counter", lambda: clock[0])
+    sched = SimpleNamespace(num_generated_tokens=0, running=[1, 2], waiting=[], spec=None,
+                            kv=SimpleNamespace(full=SimpleNamespace(num_slots=100, available=50)),
+                            runner=SimpleNamespace(device=SimpleNamespace(type="cuda")))  # fmt: skip
+    log = scheduler_log.DecodeLog(interval=2)
+    monkeypatch.setattr(host_copy, "_waited", 3.0)  # before the window
+    with caplog.at_level(logging.INFO, logger="sgl_inkling.managers.scheduler_log"):
+        log.after_decode_step(sched)  # opens the window at t = 100
+        monkeypatch.setattr(host_copy, "_waited", 7.5)
+        clock[0], sched.num_generated_tokens = 110.0, 4
+        log.after_decode_step(sched)
+    msg = caplog.records[-1].getMessage()
+    assert msg.endswith(", device wait: 0.75"), msg
+    assert LINE.match(msg.removesuffix(", device wait: 0.75")), msg  # upstream's fields before it
