@@ -12,7 +12,8 @@ variant, at the first call), whose BF16 sinks are Triton GEMVs with one variant 
 `do_not_specialize` and ForwardBatch keeps each index tensor 16-byte aligned (Triton also keys on pointer
 alignment), so one batch down each path is enough: extends of 1 token, SHORT_EXTEND, one
 past it, one past the router limit and one past the MoE's (each on a 1-token cached prefix), a
-mixed one (one past SHORT_EXTEND beside one token), and eager decode steps at batch 1 and at the largest batch (graph capture covers its own buckets).
+mixed one (one past SHORT_EXTEND beside one token), and eager decode steps at batch 1 and at the
+largest batch (graph capture covers its own buckets).
 test/kernels/test_no_new_kernel_keys.py checks on the CPU that a mixed workload needs nothing more.
 
 Batches use the padding request row and KV slot 0, as padded CUDA-graph rows do: no request's
