@@ -47,35 +47,58 @@ from sgl_inkling.models.inkling.tiny import TINY_CONFIG  # noqa: E402
 from sgl_inkling.models.inkling.weights import init_dummy_weights  # noqa: E402
 
 
+@dataclass
+class Deep:
+    """Sequences `ctx` tokens deep, each with its next token's slots (the last of each run)."""
+
+    rows: list[int]
+    out_full: list[int]
+    out_swa: list[int]
+
+
+@contextmanager
+def deep_sequences(runner: ModelRunner, bsz: int, ctx: int, window: int, interleaved: int = 0) -> Iterator[Deep]:
+    """`bsz` sequences about to decode their token at position `ctx`: full KV for every position,
+    sliding KV for the window only (older sliding slots are freed in serving too). `interleaved`: the
+    last that many positions of every sequence (and of its window) in slots interleaved across the
+    batch, as serving's decode steps lay them out; 0: every sequence's slots in one run. Freed on exit."""
+    r, tail = runner, interleaved + 1 if interleaved else 0
+    rows = [r.req_to_token.alloc() for _ in range(bsz)]
+    fulls = _slots(r.full_pool.allocator.alloc, bsz, ctx + 1, tail)
+    swas = _slots(r.swa_pool.allocator.alloc, bsz, window + 1, tail)
+    for row, full, swa in zip(rows, fulls, swas):
+        r.req_to_token.write("full", row, 0, full)
+        r.req_to_token.write("swa", row, ctx - window, swa)
+    try:
+        yield Deep(rows, [int(f[-1]) for f in fulls], [int(w[-1]) for w in swas])
+    finally:
+        for row, full, swa in zip(rows, fulls, swas):
+            r.full_pool.allocator.free(full)
+            r.swa_pool.allocator.free(swa)
+            r.req_to_token.free(row)
+
+
 @contextmanager
 def mixed_batch(runner: ModelRunner, n: int, vocab: int, gen: torch.Generator, riders: int = 0, ctx: int = 0,
                 window: int = 0) -> Iterator[ForwardBatch]:  # fmt: skip
     """An EXTEND batch of one `n`-token prompt; with `riders`, a mixed step: the same chunk followed by
-    one decode token for each of that many sequences `ctx` tokens deep (their KV laid out as decode_ms
-    lays it), as --enable-mixed-chunk batches them. Its rows and slots are freed on exit."""
-    rows = [runner.req_to_token.alloc() for _ in range(riders + 1)]
-    fulls = [runner.full_pool.allocator.alloc(n)] + _slots(
-        runner.full_pool.allocator.alloc, riders, ctx + 1, 0
-    )
-    swas = [runner.swa_pool.allocator.alloc(n)] + _slots(
-        runner.swa_pool.allocator.alloc, riders, window + 1, 0
-    )
-    for i, (row, full, swa) in enumerate(zip(rows, fulls, swas)):
-        runner.req_to_token.write("full", row, 0, full)
-        runner.req_to_token.write("swa", row, 0 if i == 0 else ctx - window, swa)
+    one decode token for each of that many deep_sequences, as --enable-mixed-chunk batches them. Its
+    rows and slots are freed on exit."""
+    r = runner
+    row = r.req_to_token.alloc()
+    full, swa = r.full_pool.allocator.alloc(n), r.swa_pool.allocator.alloc(n)
+    r.req_to_token.write("full", row, 0, full)
+    r.req_to_token.write("swa", row, 0, swa)
     ids = [torch.randint(0, vocab, (n,), generator=gen).tolist()]
     ids += torch.randint(0, vocab, (riders, 1), generator=gen).tolist()
-    out_full = fulls[0].tolist() + [int(f[-1]) for f in fulls[1:]]
-    out_swa = swas[0].tolist() + [int(w[-1]) for w in swas[1:]]
     try:
-        yield ForwardBatch.build(
-            ForwardMode.EXTEND, ids, rows, [0] + [ctx] * riders, out_full, out_swa, runner.device
-        )
+        with deep_sequences(r, riders, ctx, window) as d:
+            yield ForwardBatch.build(ForwardMode.EXTEND, ids, [row, *d.rows], [0] + [ctx] * riders,
+                                     full.tolist() + d.out_full, swa.tolist() + d.out_swa, r.device)  # fmt: skip
     finally:
-        for row, full, swa in zip(rows, fulls, swas):
-            runner.full_pool.allocator.free(full)
-            runner.swa_pool.allocator.free(swa)
-            runner.req_to_token.free(row)
+        r.full_pool.allocator.free(full)
+        r.swa_pool.allocator.free(swa)
+        r.req_to_token.free(row)
 
 
 def prefill_ms(runner: ModelRunner, n: int, vocab: int, repeats: int, gen: torch.Generator,
@@ -107,26 +130,14 @@ def _slots(alloc, bsz: int, n: int, tail: int) -> list[torch.Tensor]:
 
 def decode_ms(runner: ModelRunner, bsz: int, ctx: int, window: int, vocab: int, steps: int, gen,
               sustained: int = 0, interleaved: int = 0) -> tuple[float, float | None]:  # fmt: skip
-    """One decode step of `bsz` sequences `ctx` tokens deep: full KV for every position, sliding KV
-    for the window only (older sliding slots are freed in serving too). The median of single timed
+    """One decode step of `bsz` deep_sequences (`interleaved` as there): the median of single timed
     replays, and on CUDA the mean of `sustained` replays back to back (as serving runs them, for
-    seconds: clocks and power under a long run, no pause for the host between steps). `interleaved`:
-    the last that many positions of every sequence (and of its window) in slots interleaved across
-    the batch, as serving's decode steps lay them out; 0: every sequence's slots in one run."""
+    seconds: clocks and power under a long run, no pause for the host between steps)."""
     r = runner
-    rows = [r.req_to_token.alloc() for _ in range(bsz)]
-    fulls = _slots(r.full_pool.allocator.alloc, bsz, ctx + 1, interleaved + 1 if interleaved else 0)
-    swas = _slots(r.swa_pool.allocator.alloc, bsz, window + 1, interleaved + 1 if interleaved else 0)
-    full_out, swa_out = [], []
-    for row, full, swa in zip(rows, fulls, swas):
-        r.req_to_token.write("full", row, 0, full)
-        r.req_to_token.write("swa", row, ctx - window, swa)
-        full_out.append(int(full[-1]))
-        swa_out.append(int(swa[-1]))
     ids = torch.randint(0, vocab, (bsz, 1), generator=gen).tolist()
-    fb = ForwardBatch.build(ForwardMode.DECODE, ids, rows, [ctx] * bsz, full_out, swa_out, r.device)
     clock = Clock(r.device)
-    try:
+    with deep_sequences(r, bsz, ctx, window, interleaved) as d:
+        fb = ForwardBatch.build(ForwardMode.DECODE, ids, d.rows, [ctx] * bsz, d.out_full, d.out_swa, r.device)
         if clock.cuda:
             graph, _ = capture_forward(r, fb)
             single = statistics.median(replay_ms(graph.replay, steps))
@@ -145,11 +156,6 @@ def decode_ms(runner: ModelRunner, bsz: int, ctx: int, window: int, vocab: int, 
             r.forward(fb)
             times.append(clock.ms(a, clock.mark()))
         return statistics.median(times), None
-    finally:
-        for row, full, swa in zip(rows, fulls, swas):
-            r.full_pool.allocator.free(full)
-            r.swa_pool.allocator.free(swa)
-            r.req_to_token.free(row)
 
 
 @dataclass
