@@ -13,6 +13,7 @@ from sgl_inkling.managers.subprocess_utils import (
     configure_logging,
     die_with_parent,
     ipc_addresses,
+    limit_host_threads,
     name_process,
 )
 
@@ -56,6 +57,9 @@ def _run_scheduler(
         torch.set_grad_enabled(False)
         if server_args.resolved_device() == "cuda":
             torch.cuda.set_device(gpu_id)  # "cuda" tensors, graphs and memory sizing then use this GPU
+        threads = limit_host_threads(server_args.resolved_device())
+        if threads is not None:
+            logger.info("torch CPU threads: %d (the model runs on the GPU; OMP_NUM_THREADS overrides)", threads)
         if server_args.random_seed is not None:
             torch.manual_seed(server_args.random_seed)
         sched = build_scheduler(server_args, model_path, recv_addr, send_addr, rank, init_method, gpu_id)

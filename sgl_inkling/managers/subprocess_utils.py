@@ -46,6 +46,26 @@ def ipc_addresses(names: list[str]) -> dict[str, str]:
     return {n: f"ipc://{os.path.join(root, n)}" for n in names}
 
 
+def limit_host_threads(device: str) -> int | None:
+    """On a GPU, run this process's torch CPU ops on one thread unless OMP_NUM_THREADS says otherwise
+    (as vLLM does for its GPU workers). Returns the thread count set, None where nothing changed.
+
+    The scheduler's CPU work is bookkeeping on tensors of a batch's size, yet some of those ops
+    (repeat_interleave: parallel with grain 1) wake the whole OpenMP team every step. Beside the
+    HTTP, detokenizer and client processes, a team as wide as the machine spins at each barrier for a
+    thread the OS has not run: served at concurrency 64 on the 16-core H200 host, once the requests'
+    windows began to slide over their own tokens (release_windows), the scheduler took 14 cores, the
+    host blocked on the device for 12% of a step instead of 75%, and steps went from 10.4 to 12.5 ms
+    (benchmark/results/diagnostics/host_threads_ddeba54). On the CPU the model runs on these threads,
+    so they are left alone there."""
+    if device != "cuda" or os.environ.get("OMP_NUM_THREADS"):
+        return None
+    import torch
+
+    torch.set_num_threads(1)
+    return 1
+
+
 def configure_logging(level: str) -> None:
     logging.basicConfig(
         level=getattr(logging, level.upper(), logging.INFO),
