@@ -17,6 +17,7 @@ the detokenizer would.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import cProfile
 import io
 import json
@@ -25,6 +26,8 @@ import statistics
 import sys
 import tempfile
 import time
+import traceback
+import warnings
 from pathlib import Path
 
 import torch
@@ -34,6 +37,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "kernels")]
 
 from benchmark.bench_one_batch import git_commit, replay_ms  # noqa: E402
+from benchmark.kernel_profile import kernel_rows  # noqa: E402
 from benchmark.slice_dir import write_slice_dir  # noqa: E402
 from sgl_inkling.managers.io_struct import TokenizedGenerateReq  # noqa: E402
 from sgl_inkling.managers.scheduler import Scheduler  # noqa: E402
@@ -60,6 +64,31 @@ def graph_replays(s: Scheduler, sync) -> tuple[float | None, float | None]:
     return one, start.elapsed_time(end) / 100
 
 
+@contextlib.contextmanager
+def sync_sites(record: dict[str, int] | None):
+    """With a dict: count where the host synchronizes with the device inside the block (torch's sync
+    debug mode warns at every implicit sync: .item(), .tolist() of a device tensor, a copy to pageable
+    memory), keyed by the innermost project frames. An overlapped step must have none: each one
+    leaves the GPU idle while the host catches up."""
+    if record is None or not torch.cuda.is_available():
+        yield
+        return
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        frames = [f for f in traceback.extract_stack()[:-1] if "/sgl_inkling" in f.filename]
+        key = " <- ".join(f"{Path(f.filename).name}:{f.lineno} {f.name}" for f in reversed(frames[-3:]))
+        record[key or f"{filename}:{lineno}"] = record.get(key or f"{filename}:{lineno}", 0) + 1
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        warnings.showwarning = show
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            yield
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model-path", default=None, help="default: inkling-slice (dummy weights)")
@@ -71,7 +100,14 @@ def main() -> None:
     ap.add_argument("--quantization", default=None)
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--kernel-profile", type=int, default=None, metavar="STEP",
+                    help="the device kernels of fill step STEP (a served mixed step), synchronized alone")
+    ap.add_argument("--sync-debug", action="store_true",
+                    help="record where fill (mixed) and timed decode steps synchronize with the device")
     a = ap.parse_args()
+    if a.kernel_profile is not None and a.device != "cuda":
+        raise SystemExit("--kernel-profile needs a CUDA device (it profiles device kernels)")
+    syncs = {"fill": {}, "decode": {}} if a.sync_debug else {"fill": None, "decode": None}
     path = str(resolve_model_path(a.model_path)) if a.model_path else str(write_slice_dir())
     args = ServerArgs(model_path=path, device=a.device, quantization=a.quantization, random_seed=0,
                       load_format="dummy" if a.model_path is None else "auto",
@@ -100,11 +136,21 @@ def main() -> None:
         ids = torch.randint(0, 199_990, (a.input_len,), generator=g).tolist()
         sp = SamplingParams.from_dict({"ignore_eos": True, "temperature": 0, "max_new_tokens": max_new})
         s.handle(TokenizedGenerateReq(rid=f"r{i}", input_ids=ids, sampling_params=sp))
+    fill_kernels = None
     fill = []  # while the batch fills: mixed steps (a prefill chunk and the running requests' tokens)
     while s.waiting or s.partial or len(s.running) < a.batch_size:
         riders = len(s.running)
         t = time.perf_counter()
-        step()
+        if len(fill) == a.kernel_profile:  # its forward and sampling alone in the window
+            sync()
+            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+                step()
+                sync()
+            fill_kernels = {"step": len(fill), "riders": riders, "kernels": kernel_rows(prof, 1)}
+            fill.append((float("nan"), 0))
+            continue
+        with sync_sites(syncs["fill"]):
+            step()
         fill.append(((time.perf_counter() - t) * 1e3, riders))
     for _ in range(10):  # warm: every request decoding, the pending step in flight
         step()
@@ -113,7 +159,8 @@ def main() -> None:
     times = []
     for _ in range(a.steps):
         t = time.perf_counter()
-        step()
+        with sync_sites(syncs["decode"]):
+            step()
         times.append((time.perf_counter() - t) * 1e3)
     sync()
     graph_last = graph_replays(s, sync)
@@ -146,10 +193,13 @@ def main() -> None:
         "finished_before_the_end": finished,
         # overlapped, so a step's wall time is its predecessor's device time: the steps that found
         # requests running, which mixed their tokens in (all but the first few)
+        "fill_step_kernels": fill_kernels,
         "fill_step_ms_median": statistics.median([ms for ms, n in fill if n])
         if any(n for _, n in fill)
         else None,
         "fill_steps": len(fill),
+        "fill_step_ms": [round(ms, 2) for ms, _ in fill],
+        "sync_sites": syncs if a.sync_debug else None,
         "steps": a.steps,
         "step_ms_median": statistics.median(times),
         "step_ms_mean": statistics.fmean(times),
@@ -163,7 +213,7 @@ def main() -> None:
         "profile": buf.getvalue(),
     }
     print(buf.getvalue()[:6000])
-    print(json.dumps({k: v for k, v in report.items() if k != "profile"}, indent=1))
+    print(json.dumps({k: v for k, v in report.items() if k not in ("profile", "fill_step_ms")}, indent=1))
     if a.out:
         Path(a.out).write_text(json.dumps(report, indent=1))
 

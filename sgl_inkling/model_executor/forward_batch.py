@@ -50,6 +50,8 @@ class ForwardBatch:
     # batch, (tokens of this chunk processed, checkpoint slot) pairs, into `sconv_checkpoints`.
     sconv_snapshots: dict[int, list[tuple[int, int]]] = field(default_factory=dict)
     sconv_checkpoints: Any = None
+    # Device index tensors of sconv_snapshots, built by the first short conv that takes them (by width).
+    snapshot_index_cache: dict = field(default_factory=dict, repr=False)
     # MTP: layer id -> per-stream buffers [rows, K-1 + n, C] that receive each sequence's conv window
     # (prior state then the new inputs), so the state after any accepted prefix can be restored.
     sconv_capture: dict[int, list[torch.Tensor]] | None = None

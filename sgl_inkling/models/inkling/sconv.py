@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from sgl_inkling.model_executor.forward_batch import ForwardBatch, ForwardMode
+from sgl_inkling.sampling.host_copy import to_device
 from sgl_inkling_kernels._triton import use_triton
 from sgl_inkling_kernels.sconv import sconv_decode, sconv_extend
 
@@ -76,26 +77,56 @@ def _extend(x: torch.Tensor, w: torch.Tensor, state: torch.Tensor, batch: Forwar
 
 def _snapshot(x: torch.Tensor, state: torch.Tensor, batch: ForwardBatch, layer: int, stream: int) -> None:
     """Checkpoints for the prefix cache: the conv state after j new tokens of a sequence is its last
-    K-1 inputs, which the chunk already holds, so snapshots anywhere inside an extend are free."""
+    K-1 inputs, which the chunk already holds, so snapshots anywhere inside an extend are free.
+
+    Snapshot (j, slot) of sequence i is rows [j, j + K-1) of its window: the prior state (K-1 rows,
+    zeros without a cached prefix) followed by the chunk's inputs. All of a batch's snapshots are
+    one gather per stream (an 8K-token chunk takes 64 at the default interval: a copy each per
+    stream was ~900 kernels and ~3 ms of an 8K prefill step on the H200, and the whole chunk was
+    widened to fp32 to take them)."""
+    index = snapshot_index(batch, state.shape[1], x.device)
+    if index is None:
+        return
+    slots, rows, at_state, at_x, from_state, zero = index
     width = state.shape[1]
+    values = torch.where(from_state[:, None], state[rows, at_state], x[at_x].to(state.dtype))
+    values = torch.where(zero[:, None], torch.zeros((), dtype=values.dtype, device=values.device), values)
     store = batch.sconv_checkpoints.store[layer][stream]
+    store[slots] = values.view(slots.numel(), width, -1).to(store.dtype)
+
+
+def snapshot_index(batch: ForwardBatch, width: int, device: torch.device):
+    """The batch's snapshots as device index tensors, built once per forward (every layer and stream
+    shares them): checkpoint slots [N]; then per window row (N * width): the request row and state
+    row it reads when it lies in the prior state, the token it reads otherwise, whether it is in the
+    prior state, and whether that state is zeros (no cached prefix). None when there are none."""
+    cache = batch.snapshot_index_cache
+    if width in cache:
+        return cache[width]
+    rows = batch.rows_cpu()
     starts = [0]
     for n in batch.extend_lens_cpu:
         starts.append(starts[-1] + n)
-    rows = batch.rows_cpu()
+    slots, req_rows, at_state, at_x, from_state, zero = [], [], [], [], [], []
     for i, snaps in batch.sconv_snapshots.items():
-        if not snaps:
-            continue
-        prev = (
-            state[rows[i]]
-            if batch.prefix_lens_cpu[i] > 0
-            else x.new_zeros(width, x.shape[1], dtype=state.dtype)
-        )
-        window = torch.cat(
-            [prev, x[starts[i] : starts[i + 1]].to(state.dtype)], dim=0
-        )  # row r: position prefix-width+r
+        cached = batch.prefix_lens_cpu[i] > 0
         for j, slot in snaps:
-            store[slot] = window[j : j + width]
+            slots.append(slot)
+            for q in range(j, j + width):  # window row q
+                prior = q < width
+                req_rows.append(rows[i])
+                at_state.append(q if prior else 0)
+                at_x.append(starts[i] if prior else starts[i] + q - width)
+                from_state.append(prior and cached)
+                zero.append(prior and not cached)
+    if not slots:
+        cache[width] = None
+        return None
+    n = len(req_rows)
+    flat = to_device(slots + req_rows + at_state + at_x + from_state + zero, torch.int64, device)
+    parts = [flat[: len(slots)]] + list(flat[len(slots) :].view(5, n).unbind(0))
+    cache[width] = (*parts[:4], parts[4].bool(), parts[5].bool())
+    return cache[width]
 
 
 def _capture(x: torch.Tensor, state: torch.Tensor, batch: ForwardBatch, out: torch.Tensor) -> None:
