@@ -33,7 +33,14 @@ class SamplingMixin:
             eos_token_ids=sorted(set().union(*(r.stop_token_ids for r in reqs))),
         )
         want_lp = any(r.return_logprob for r in reqs)
-        logits = logits.float().clone()
+        # The sampler and the grammar masks work in place on a float copy. A greedy batch with no
+        # penalties, grammars or logprobs only takes an argmax: it reads the forward's logits as they
+        # are (a [64, 200K] copy is ~35 us of a 10 ms batch-64 decode step on the H200).
+        argmax_only = (
+            info.is_all_greedy and info.penalties is None and not want_lp
+            and all(getattr(r, "grammar", None) is None for r in reqs)
+        )  # fmt: skip
+        logits = logits.float() if argmax_only else logits.float().clone()
         apply_grammar_masks(self.grammar, reqs, logits)  # forbidden tokens -> -inf
         return self.sampler.sample(
             logits,
