@@ -26,8 +26,9 @@ NAMES = ("sgl-sched-tp0", "sgl-detokenizer")
 WAIT = re.compile(r"device wait: ([0-9.]+)")
 
 
-def server_pids() -> dict[str, int]:
-    """The scheduler and detokenizer by their process names; the HTTP process as their parent."""
+def server_pids(parent: int | None = None) -> dict[str, int]:
+    """The scheduler and detokenizer by their process names (children of `parent` only, if given);
+    the HTTP process as their parent."""
     found: dict[str, int] = {}
     for d in Path("/proc").iterdir():
         if not d.name.isdigit():
@@ -37,7 +38,7 @@ def server_pids() -> dict[str, int]:
             ppid = int((d / "stat").read_text().rsplit(") ", 1)[1].split()[1])
         except (OSError, ValueError, IndexError):
             continue
-        if comm in NAMES:
+        if comm in NAMES and parent in (None, ppid):
             found[comm] = int(d.name)
             found["http"] = ppid
     return found
