@@ -69,15 +69,25 @@ class SamplingBatchInfo:
             penalties = PenaltyState(vocab_size, device)
             penalties.add_requests(params, prompt_token_ids, output_token_ids, eos_token_ids)
 
-        def dev(values: list, dtype: torch.dtype) -> torch.Tensor:
-            return to_device(values, dtype, device)
-
+        if vocab_size < 2**24:
+            # One staged copy for the five per-row fields (each would pin and copy on its own every
+            # step): float32 rows, the top-k counts (exact in float32 below 2^24) and the greedy
+            # flags cast on the device.
+            rows = to_device([temps, top_ps, min_ps, top_ks, [float(g) for g in greedy]], torch.float32, device)
+            fields = (rows[0], rows[1], rows[3].long(), rows[2], rows[4].bool())
+        else:
+            fields = tuple(
+                to_device(v, t, device)
+                for v, t in ((temps, torch.float32), (top_ps, torch.float32), (top_ks, torch.int64),
+                             (min_ps, torch.float32), (greedy, torch.bool))
+            )  # fmt: skip
+        temperatures, top_ps_t, top_ks_t, min_ps_t, is_greedy_t = fields
         info = cls(
-            temperatures=dev(temps, torch.float32),
-            top_ps=dev(top_ps, torch.float32),
-            top_ks=dev(top_ks, torch.int64),
-            min_ps=dev(min_ps, torch.float32),
-            is_greedy=dev(greedy, torch.bool),
+            temperatures=temperatures,
+            top_ps=top_ps_t,
+            top_ks=top_ks_t,
+            min_ps=min_ps_t,
+            is_greedy=is_greedy_t,
             seeds=[None if p.seed is None else int(p.seed) for p in params],
             vocab_size=int(vocab_size),
             device=device,
