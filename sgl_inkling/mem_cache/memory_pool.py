@@ -57,6 +57,18 @@ class ReqToTokenPool:
             packed = to_device(torch.stack([rows, positions, slots]), torch.int64, device.device)
             device[packed[0], packed[1]] = packed[2]
 
+    def write_points_both(
+        self, rows: torch.Tensor, positions: torch.Tensor, full: torch.Tensor, swa: torch.Tensor
+    ) -> None:
+        """write_points into both tables at the same entries (a decode step's new slots), in one
+        staged copy."""
+        self.host["full"][rows, positions] = full
+        self.host["swa"][rows, positions] = swa
+        if self.full is not self.host["full"]:
+            packed = to_device(torch.stack([rows, positions, full, swa]), torch.int64, self.full.device)
+            self.full[packed[0], packed[1]] = packed[2]
+            self.swa[packed[0], packed[1]] = packed[3]
+
     def read(self, kind: str, row: int, start: int, end: int) -> torch.Tensor:
         """Slots of positions [start, end) of a row, from the host mirror (a view)."""
         return self.host[kind][row, start:end]

@@ -155,15 +155,14 @@ class ReqKVManager:
 
     def alloc_each(self, reqs: list[Req]) -> tuple[torch.Tensor, torch.Tensor] | None:
         """One slot per request at its kv_len (a decode step): full and sliding slots [len(reqs)],
-        recorded in the tables with one write each for the whole batch."""
+        recorded in both tables with one staged write for the whole batch."""
         n = len(reqs)
         if not self.ensure(n, n):
             return None
         full, swa = self.full.alloc(n), self.swa.alloc(n)
         rows = torch.tensor([r.row for r in reqs], dtype=torch.int64)
         positions = torch.tensor([r.kv_len for r in reqs], dtype=torch.int64)
-        self.rows.write_points("full", rows, positions, full)
-        self.rows.write_points("swa", rows, positions, swa)
+        self.rows.write_points_both(rows, positions, full, swa)
         return full, swa
 
     def reserve(self, req: Req, n: int) -> bool:
