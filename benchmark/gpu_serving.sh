@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Issue 20's serving table on one H200 from the project root, under 5 minutes in all (BUDGET, s):
 #   0. test/gpu/test_mixed_chunk_gpu.py: mixed steps (riders through the extend kernels) give the same
-#      greedy tokens and logprobs as plain decode (graphs) on inkling-tiny in fp32;
+#      greedy tokens and logprobs as plain decode (graphs) on inkling-tiny in fp32; test_overlap_gpu.py
+#      and test_sampler_sync.py: overlapped decode and mixed steps (snapshots included) and the
+#      sampling path never wait for the device;
 #   1. engine_timings.py: the slice's own prefill of one 8K prompt and its CUDA-graph decode step at
 #      batch 1, 16, 32, 48, 64, 128, 256 with 8.7K-token contexts (a separate measured stage: the GPU
 #      holds one copy of the slice at a time), and the prefill with 16, 32, 63 decode riders (mixed steps);
@@ -43,7 +45,8 @@ if command -v nvidia-smi >/dev/null; then gpu_begin gpu_serving; else
 fi
 left() { echo $((BUDGET - (SECONDS - START))); }
 
-[ "$CONFIG" = slice ] && stage test_mixed_gpu 100 "$PY" -m pytest -q -x -p no:cacheprovider test/gpu/test_mixed_chunk_gpu.py
+[ "$CONFIG" = slice ] && stage test_mixed_gpu 130 "$PY" -m pytest -q -x -p no:cacheprovider test/gpu/test_mixed_chunk_gpu.py \
+  test/gpu/test_overlap_gpu.py test/gpu/test_sampler_sync.py
 stage engine_timings 75 "$PY" benchmark/engine_timings.py --config "$CONFIG" --input-len "$IN_LEN" \
   --output-len "$OUT_LEN" --batch-size 1 16 32 48 64 128 256 --decode-steps 10 --sustained-steps 100 --prefill-repeats 2 \
   --mixed-riders 16 32 63 "${QARGS[@]}" --out "$OUT/engine_timings_$NAME.json"
