@@ -57,12 +57,13 @@ def _run_scheduler(
         torch.set_grad_enabled(False)
         if server_args.resolved_device() == "cuda":
             torch.cuda.set_device(gpu_id)  # "cuda" tensors, graphs and memory sizing then use this GPU
-        threads = limit_host_threads(server_args.resolved_device())
-        if threads is not None:
-            logger.info("torch CPU threads: %d (the model runs on the GPU; OMP_NUM_THREADS overrides)", threads)
         if server_args.random_seed is not None:
             torch.manual_seed(server_args.random_seed)
         sched = build_scheduler(server_args, model_path, recv_addr, send_addr, rank, init_method, gpu_id)
+        # After loading, which may transform weights on the CPU with every thread.
+        threads = limit_host_threads(server_args.resolved_device())
+        if threads is not None:
+            logger.info("torch CPU threads: %d (the model runs on the GPU; OMP_NUM_THREADS overrides)", threads)
     except BaseException as e:  # report load failures to the parent instead of hanging it
         pipe.send({"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()})
         return
