@@ -12,6 +12,11 @@ At batch 64 the server's median inter-token latency was 14.45 ms against a 9.98 
 it is shorter than the device's, so the step time here is max(host, device), and the profile says
 which host work makes up the difference. Outputs go to a bound PULL socket drained every step, as
 the detokenizer would.
+
+--sync-debug counts where the fill (mixed) and timed decode steps synchronize with the device (none
+at c7d883e on the NVFP4 slice but the first prefill's read-back); --kernel-profile STEP lists the
+device kernels of one fill step, to set beside profile_mixed_step.py's engine forward (the served
+step's extra kernels were the short-conv snapshots: results/diagnostics/snapshots_4f30edc/).
 """
 
 from __future__ import annotations
