@@ -152,7 +152,7 @@ def main() -> None:
                 step()
                 sync()
             fill_kernels = {"step": len(fill), "riders": riders, "kernels": kernel_rows(prof, 1)}
-            fill.append((float("nan"), 0))
+            fill.append((None, 0))  # timed with syncs around it: not a served step's time
             continue
         with sync_sites(syncs["fill"]):
             step()
@@ -203,7 +203,7 @@ def main() -> None:
         if any(n for _, n in fill)
         else None,
         "fill_steps": len(fill),
-        "fill_step_ms": [round(ms, 2) for ms, _ in fill],
+        "fill_step_ms": [None if ms is None else round(ms, 2) for ms, _ in fill],
         "sync_sites": syncs if a.sync_debug else None,
         "steps": a.steps,
         "step_ms_median": statistics.median(times),

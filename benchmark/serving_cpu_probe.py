@@ -133,7 +133,7 @@ def main() -> None:
             for k in ("sgl-sched-tp0", "http"):
                 result["profiles"][k] = py_spy(pids[k], k, args.out.parent)
         args.out.write_text(json.dumps(result, indent=1))
-    if not profiled:  # never went host-bound: profile the steady state for comparison
+    if not profiled:  # never went host-bound: nothing was profiled
         result["profiles"]["note"] = "device wait never fell below --low"
     args.out.write_text(json.dumps(result, indent=1))
 

@@ -46,28 +46,17 @@ class ReqToTokenPool:
             # API sync rules), i.e. for the forward in flight, every decode step, per request.
             device[row, start:end] = to_device(host[row, start:end], torch.int64, device.device)
 
-    def write_points(self, kind: str, rows: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor) -> None:
-        """Set entry (rows[i], positions[i]) of the `kind` table to slots[i] (host int64 tensors): a
-        decode step's one new slot per request in one staged copy, where a write per request cost a
-        pinned staging buffer, a copy and an indexed store each (milliseconds at batch 64)."""
-        host = self.host[kind]
-        host[rows, positions] = slots
-        device = self.full if kind == "full" else self.swa
-        if device is not host:
-            packed = to_device(torch.stack([rows, positions, slots]), torch.int64, device.device)
-            device[packed[0], packed[1]] = packed[2]
-
-    def write_points_both(
-        self, rows: torch.Tensor, positions: torch.Tensor, full: torch.Tensor, swa: torch.Tensor
-    ) -> None:
-        """write_points into both tables at the same entries (a decode step's new slots), in one
-        staged copy."""
-        self.host["full"][rows, positions] = full
-        self.host["swa"][rows, positions] = swa
+    def write_points(self, rows: torch.Tensor, positions: torch.Tensor, slots: dict[str, torch.Tensor]) -> None:
+        """Set entry (rows[i], positions[i]) of each named table ("full" / "swa") to its slots[i] (host
+        int64 tensors), all in one staged copy: a decode step's one new slot per request in both
+        tables, where a write per request cost a pinned staging buffer, a copy and an indexed store
+        each (milliseconds at batch 64)."""
+        for kind, values in slots.items():
+            self.host[kind][rows, positions] = values
         if self.full is not self.host["full"]:
-            packed = to_device(torch.stack([rows, positions, full, swa]), torch.int64, self.full.device)
-            self.full[packed[0], packed[1]] = packed[2]
-            self.swa[packed[0], packed[1]] = packed[3]
+            packed = to_device(torch.stack([rows, positions, *slots.values()]), torch.int64, self.full.device)
+            for i, kind in enumerate(slots):
+                (self.full if kind == "full" else self.swa)[packed[0], packed[1]] = packed[2 + i]
 
     def read(self, kind: str, row: int, start: int, end: int) -> torch.Tensor:
         """Slots of positions [start, end) of a row, from the host mirror (a view)."""

@@ -162,7 +162,7 @@ class ReqKVManager:
         full, swa = self.full.alloc(n), self.swa.alloc(n)
         rows = torch.tensor([r.row for r in reqs], dtype=torch.int64)
         positions = torch.tensor([r.kv_len for r in reqs], dtype=torch.int64)
-        self.rows.write_points_both(rows, positions, full, swa)
+        self.rows.write_points(rows, positions, {"full": full, "swa": swa})
         return full, swa
 
     def reserve(self, req: Req, n: int) -> bool:
@@ -201,7 +201,7 @@ class ReqKVManager:
             rows_t = row.repeat_interleave(counts)
             positions_t = torch.arange(int(counts.sum())) + (lo - (counts.cumsum(0) - counts)).repeat_interleave(counts)
             self.swa.free(self.rows.read_points("swa", rows_t, positions_t))
-            self.rows.write_points("swa", rows_t, positions_t, torch.zeros_like(rows_t))
+            self.rows.write_points(rows_t, positions_t, {"swa": torch.zeros_like(rows_t)})
 
     # ---------------------------------------------------------------- prefix cache
 

@@ -69,19 +69,15 @@ class SamplingBatchInfo:
             penalties = PenaltyState(vocab_size, device)
             penalties.add_requests(params, prompt_token_ids, output_token_ids, eos_token_ids)
 
-        if vocab_size < 2**24:
-            # One staged copy for the five per-row fields (each would pin and copy on its own every
-            # step): float32 rows, the top-k counts (exact in float32 below 2^24) and the greedy
-            # flags cast on the device.
-            rows = to_device([temps, top_ps, min_ps, top_ks, [float(g) for g in greedy]], torch.float32, device)
-            fields = (rows[0], rows[1], rows[3].long(), rows[2], rows[4].bool())
-        else:
-            fields = tuple(
-                to_device(v, t, device)
-                for v, t in ((temps, torch.float32), (top_ps, torch.float32), (top_ks, torch.int64),
-                             (min_ps, torch.float32), (greedy, torch.bool))
-            )  # fmt: skip
-        temperatures, top_ps_t, top_ks_t, min_ps_t, is_greedy_t = fields
+        # One staged copy for the per-row fields (each would pin and copy on its own every step):
+        # float32 rows, the greedy flags and the top-k counts cast on the device. Top-k counts go
+        # their own way only past 2^24, where float32 stops holding every integer.
+        exact = vocab_size < 2**24
+        rows = to_device(
+            [temps, top_ps, min_ps, [float(g) for g in greedy]] + ([top_ks] if exact else []), torch.float32, device
+        )
+        temperatures, top_ps_t, min_ps_t, is_greedy_t = rows[0], rows[1], rows[2], rows[3].bool()
+        top_ks_t = rows[4].long() if exact else to_device(top_ks, torch.int64, device)
         info = cls(
             temperatures=temperatures,
             top_ps=top_ps_t,

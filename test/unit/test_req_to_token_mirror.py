@@ -17,7 +17,7 @@ def test_a_decode_steps_slots_land_in_both_tables_and_their_mirrors():
     pool = _apart()
     rows, positions = torch.tensor([3, 0, 4]), torch.tensor([7, 0, 11])
     full, swa = torch.tensor([21, 22, 23]), torch.tensor([31, 32, 33])
-    pool.write_points_both(rows, positions, full, swa)
+    pool.write_points(rows, positions, {"full": full, "swa": swa})
     for kind, slots in (("full", full), ("swa", swa)):
         want = torch.zeros(6, 12, dtype=torch.int64)
         for r, p, v in zip(rows.tolist(), positions.tolist(), slots.tolist()):
@@ -31,9 +31,9 @@ def test_both_at_once_equals_one_table_at_a_time():
     g = torch.Generator().manual_seed(1)
     rows, positions = torch.randperm(5, generator=g), torch.randint(0, 12, (5,), generator=g)
     full, swa = torch.randint(1, 99, (5,), generator=g), torch.randint(1, 99, (5,), generator=g)
-    one.write_points("full", rows, positions, full)
-    one.write_points("swa", rows, positions, swa)
-    both.write_points_both(rows, positions, full, swa)
+    one.write_points(rows, positions, {"full": full})
+    one.write_points(rows, positions, {"swa": swa})
+    both.write_points(rows, positions, {"full": full, "swa": swa})
     for kind in ("full", "swa"):
         assert torch.equal(getattr(one, kind), getattr(both, kind))
         assert torch.equal(one.host[kind], both.host[kind])

@@ -90,7 +90,7 @@ def _snapshot(x: torch.Tensor, state: torch.Tensor, batch: ForwardBatch, layer: 
     slots, rows, at_state, at_x, from_state, zero = index
     width = state.shape[1]
     values = torch.where(from_state[:, None], state[rows, at_state], x[at_x].to(state.dtype))
-    values = torch.where(zero[:, None], torch.zeros((), dtype=values.dtype, device=values.device), values)
+    values = values.masked_fill(zero[:, None], 0)
     store = batch.sconv_checkpoints.store[layer][stream]
     store[slots] = values.view(slots.numel(), width, -1).to(store.dtype)
 
