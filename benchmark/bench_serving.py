@@ -468,7 +468,8 @@ def process_cpu(server) -> dict[str, float]:
 MIXED_COUNTERS = ("num_mixed_steps", "num_mixed_decode_tokens")  # steps whose prefill carried decode tokens
 # Counters a level's row carries the change of: what explains a slow level (evictions, retractions,
 # steps that could not overlap).
-COUNTERS = MIXED_COUNTERS + ("num_retracted_reqs", "overlap_decode_steps", "sync_decode_steps", "overlap_mixed_steps")
+COUNTERS = MIXED_COUNTERS + ("num_retracted_reqs", "overlap_decode_steps", "sync_decode_steps", "overlap_mixed_steps",
+                             "overlap_prefill_steps")
 COUNTER_PREFIXES = ("radix_evicted_", "radix_thinned_")
 
 

@@ -195,7 +195,7 @@ class ServerArgs:
                             "ids and output logprobs since the previous chunk. Default: each chunk carries "
                             "everything so far, as upstream.")
         g.add_argument("--disable-overlap-schedule", action="store_true",
-                       help="Run every decode step synchronously. Default: decode (and mixed) steps overlap (the host "
+                       help="Run every step synchronously. Default: decode, mixed and prefill steps overlap (the host "
                             "builds and launches step n+1, then reads step n's tokens); MTP is always synchronous.")
 
         g = parser.add_argument_group("parallelism and kernels")

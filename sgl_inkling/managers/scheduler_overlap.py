@@ -29,11 +29,13 @@ read from the logits after the sampling is queued (the read waits for the forwar
 less overlapped). When the forward raises, nothing was committed: the riders are put back and the
 pending step stays pending.
 
+A prefill step without riders (no running requests, or --no-enable-mixed-chunk) runs the same way
+with no rider tokens: its forward is queued, the pending step (if any) committed, and the sampling of
+the requests whose prompt completed becomes the new pending step.
+
 Synchronous instead (the pending step committed first): steps that need every token on the host,
-i.e. prefill / chunked-prefill steps without riders (they read their first tokens back at once; the
-pending step is committed right after them), a decode step that must retract (the victim's tokens
-must be known), MTP (verify reads its acceptance back: overlap is off, logged at start),
---disable-overlap-schedule.
+i.e. a decode step that must retract (the victim's tokens must be known), MTP (verify reads its
+acceptance back: overlap is off, logged at start), --disable-overlap-schedule.
 """
 
 from __future__ import annotations
@@ -74,7 +76,8 @@ class OverlapDecodeMixin:
             mixed = " and mixed prefill + decode steps" if server_args.enable_mixed_chunk else ""
             logger.info("overlap scheduling is on: decode steps%s overlap", mixed)
         self.pending: PendingStep | None = None
-        self.decode_steps = {"overlap_decode_steps": 0, "sync_decode_steps": 0, "overlap_mixed_steps": 0}
+        self.decode_steps = {"overlap_decode_steps": 0, "sync_decode_steps": 0, "overlap_mixed_steps": 0,
+                             "overlap_prefill_steps": 0}
 
     def overlap_stats(self) -> dict:
         return {"overlap_schedule": self.overlap, **self.decode_steps}
