@@ -13,6 +13,10 @@ it is shorter than the device's, so the step time here is max(host, device), and
 which host work makes up the difference. Outputs go to a bound PULL socket drained every step, as
 the detokenizer would.
 
+--decode-kernel-profile N sets N served decode steps' device kernels beside N replays of the graph
+alone: the served step's device span and the kernels it adds (copies into the graph's inputs, the
+slot writes, sampling).
+
 --sync-debug counts where the fill (mixed) and timed decode steps synchronize with the device (none
 at c7d883e on the NVFP4 slice but the first prefill's read-back); --kernel-profile STEP lists the
 device kernels of one fill step, to set beside profile_mixed_step.py's engine forward (the served
@@ -69,6 +73,47 @@ def graph_replays(s: Scheduler, sync) -> tuple[float | None, float | None]:
     return one, start.elapsed_time(end) / 100
 
 
+def device_span_us(prof) -> float:
+    """From the first CUDA kernel or copy's start to the last one's end (us): the device's busy time
+    plus its idle gaps."""
+    spans = [(e.time_range.start, e.time_range.end) for e in prof.events() if e.device_type.name == "CUDA"]
+    return max(end for _, end in spans) - min(start for start, _ in spans) if spans else 0.0
+
+
+def decode_step_kernels(s: Scheduler, step, sync, n: int) -> dict:
+    """The device work of n served decode steps (overlapped, as served) against n back-to-back
+    replays of the batch's graph: span and kernel time per step, and the kernels only the served
+    steps launch (by name, calls and us per step): the step's work beside the graph."""
+    graph = s.runner.graphs.graphs[bucket_for(s.runner.graphs.buckets, len(s.running))]
+    cuda = [torch.profiler.ProfilerActivity.CUDA]
+    sync()
+    with torch.profiler.profile(activities=cuda) as served:
+        for _ in range(n):
+            step()
+        sync()
+    with torch.profiler.profile(activities=cuda) as alone:
+        for _ in range(n):
+            graph.replay()
+        sync()
+    mine, theirs = kernel_rows(served, n), {r["name"]: r for r in kernel_rows(alone, n)}
+    extra = []
+    for r in mine:
+        g = theirs.get(r["name"], {"calls_per_step": 0.0, "us_per_step": 0.0})
+        if r["calls_per_step"] > g["calls_per_step"] + 1e-9:
+            extra.append({"name": r["name"], "calls_per_step": r["calls_per_step"] - g["calls_per_step"],
+                          "us_per_step": r["us_per_step"] - g["us_per_step"]})  # fmt: skip
+    return {
+        "steps": n,
+        # the first served step's span also holds the step before it still running: the spans are
+        # of n steps each, so the difference is the served steps' own device time
+        "served_span_us_per_step": device_span_us(served) / n,
+        "graph_span_us_per_step": device_span_us(alone) / n,
+        "served_kernel_us_per_step": sum(r["us_per_step"] for r in mine),
+        "graph_kernel_us_per_step": sum(r["us_per_step"] for r in theirs.values()),
+        "extra_kernels": sorted(extra, key=lambda r: -r["us_per_step"]),
+    }
+
+
 @contextlib.contextmanager
 def sync_sites(record: dict[str, int] | None):
     """With a dict: count where the host synchronizes with the device inside the block (torch's sync
@@ -107,11 +152,14 @@ def main() -> None:
     ap.add_argument("--out", default=None)
     ap.add_argument("--kernel-profile", type=int, default=None, metavar="STEP",
                     help="the device kernels of fill step STEP (a served mixed step), synchronized alone")
+    ap.add_argument("--decode-kernel-profile", type=int, default=None, metavar="N",
+                    help="the device kernels of N served decode steps (overlapped, after the timed ones) "
+                         "beside N back-to-back replays of the batch's graph alone: what a served step adds")
     ap.add_argument("--sync-debug", action="store_true",
                     help="record where fill (mixed) and timed decode steps synchronize with the device")
     a = ap.parse_args()
-    if a.kernel_profile is not None and a.device != "cuda":
-        raise SystemExit("--kernel-profile needs a CUDA device (it profiles device kernels)")
+    if (a.kernel_profile is not None or a.decode_kernel_profile) and a.device != "cuda":
+        raise SystemExit("--kernel-profile and --decode-kernel-profile need a CUDA device (they profile device kernels)")
     syncs = {"fill": {}, "decode": {}} if a.sync_debug else {"fill": None, "decode": None}
     path = str(resolve_model_path(a.model_path)) if a.model_path else str(write_slice_dir())
     args = ServerArgs(model_path=path, device=a.device, quantization=a.quantization, random_seed=0,
@@ -169,6 +217,7 @@ def main() -> None:
         times.append((time.perf_counter() - t) * 1e3)
     sync()
     graph_last = graph_replays(s, sync)
+    decode_kernels = decode_step_kernels(s, step, sync, a.decode_kernel_profile) if a.decode_kernel_profile else None
     prof = cProfile.Profile()
     prof.enable()
     t = time.perf_counter()
@@ -199,6 +248,7 @@ def main() -> None:
         # overlapped, so a step's wall time is its predecessor's device time: the steps that found
         # requests running, which mixed their tokens in (all but the first few)
         "fill_step_kernels": fill_kernels,
+        "decode_step_kernels": decode_kernels,
         "fill_step_ms_median": statistics.median([ms for ms, n in fill if n])
         if any(n for _, n in fill)
         else None,
