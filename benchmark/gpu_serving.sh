@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Issue 20's serving table on one H200 from the project root, under 5 minutes in all (BUDGET, s):
-#   0. test/gpu/test_mixed_chunk_gpu.py: mixed steps (riders through the extend kernels) give the same
+#   0. test/gpu/test_mixed_chunk_gpu.py (and test_graph_staging.py: staged graph decode = eager): mixed steps (riders through the extend kernels) give the same
 #      greedy tokens and logprobs as plain decode (graphs) on inkling-tiny in fp32; test_overlap_gpu.py
 #      and test_sampler_sync.py: overlapped decode and mixed steps (snapshots included) and the
 #      sampling path never wait for the device;
@@ -46,7 +46,7 @@ fi
 left() { echo $((BUDGET - (SECONDS - START))); }
 
 [ "$CONFIG" = slice ] && stage test_mixed_gpu 130 "$PY" -m pytest -q -x -p no:cacheprovider test/gpu/test_mixed_chunk_gpu.py \
-  test/gpu/test_overlap_gpu.py test/gpu/test_sampler_sync.py
+  test/gpu/test_overlap_gpu.py test/gpu/test_sampler_sync.py test/gpu/test_graph_staging.py
 stage engine_timings 75 "$PY" benchmark/engine_timings.py --config "$CONFIG" --input-len "$IN_LEN" \
   --output-len "$OUT_LEN" --batch-size 1 16 32 48 64 128 256 --decode-steps 10 --sustained-steps 100 --prefill-repeats 2 \
   --mixed-riders 16 32 63 "${QARGS[@]}" --out "$OUT/engine_timings_$NAME.json"

@@ -47,7 +47,6 @@ from dataclasses import dataclass
 import torch
 
 from sgl_inkling.managers.schedule_batch import Req
-from sgl_inkling.model_executor.forward_batch import ForwardBatch, ForwardMode
 from sgl_inkling.sampling.host_copy import to_device
 from sgl_inkling.sampling.sampler import HostSampleOutput
 
@@ -148,15 +147,8 @@ class OverlapDecodeMixin:
         reqs = self.step_reqs = list(self.running)
         full, swa = self.kv.alloc_each(reqs)  # the callers made room for one token each
         self.step_allocs = dict.fromkeys(reqs, 1)
-        fb = ForwardBatch.build(
-            ForwardMode.DECODE,
-            input_ids(reqs),
-            [r.row for r in reqs],
-            [r.kv_len for r in reqs],
-            full.tolist(),
-            swa.tolist(),
-            self.runner.device,
-        )
+        fb = self.runner.decode_batch(input_ids(reqs), [r.row for r in reqs], [r.kv_len for r in reqs],
+                                      full.tolist(), swa.tolist())  # fmt: skip
         logits = self.runner.forward(fb).logits
         self.step_allocs = {}
         for r in reqs:

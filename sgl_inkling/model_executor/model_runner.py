@@ -9,7 +9,7 @@ import torch
 from sgl_inkling.layers.attention.base import AttentionBackend
 from sgl_inkling.layers.attention.torch_native import TorchNativeBackend
 from sgl_inkling.mem_cache.memory_pool import KVLayout, KVPool, ReqToTokenPool, SConvStatePool
-from sgl_inkling.model_executor.forward_batch import ForwardBatch
+from sgl_inkling.model_executor.forward_batch import ForwardBatch, ForwardMode
 from sgl_inkling.model_executor.step_faults import FaultInjector, model_step
 from sgl_inkling.models.inkling.model import InklingForCausalLM, ModelOutput
 
@@ -107,6 +107,16 @@ class ModelRunner:
             if self.graphs is not None and self.graphs.can_run(batch):
                 return self.graphs.replay(batch)
             return self.forward_eager(batch)
+
+    def decode_batch(self, input_ids: torch.Tensor | list[list[int]], rows: list[int], prefix_lens: list[int],
+                     out_loc: list[int], out_loc_swa: list[int]) -> ForwardBatch:  # fmt: skip
+        """A decode batch of one token per sequence: staged into the CUDA graphs' inputs where a graph
+        holds it, else built as any batch."""
+        if self.graphs is not None:
+            staged = self.graphs.stage_decode(input_ids, rows, prefix_lens, out_loc, out_loc_swa)
+            if staged is not None:
+                return staged
+        return ForwardBatch.build(ForwardMode.DECODE, input_ids, rows, prefix_lens, out_loc, out_loc_swa, self.device)
 
     def forward_eager(self, batch: ForwardBatch) -> ModelOutput:
         return self.model(self._attach(batch))
