@@ -152,7 +152,7 @@ class Scheduler(OverlapDecodeMixin, SamplingMixin, PrefillMixin, SpecDecodeMixin
         self.step_reqs, self.step_allocs = [], {}
         pending = self.pending
         if (self.waiting or self.partial) and self.run_prefill():
-            if self.pending is pending:  # a synchronous prefill (overlap off) read its tokens back: commit the pending step
+            if self.pending is pending:  # a synchronous prefill read its tokens back: commit the pending step
                 self.commit_pending()  # (an overlapped prefill committed it and left its own)
             return
         if self.running:

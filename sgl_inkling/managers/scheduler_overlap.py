@@ -30,11 +30,13 @@ less overlapped). When the forward raises, nothing was committed: the riders are
 pending step stays pending.
 
 A prefill step without riders (no running requests, or --no-enable-mixed-chunk) runs the same way
-with no rider tokens: its forward is queued, the pending step (if any) committed, and the sampling of
-the requests whose prompt completed becomes the new pending step.
+with no rider tokens when it is long or requests wait behind it (scheduler_prefill.py): its forward
+is queued, the pending step (if any) committed, and the sampling of the requests whose prompt
+completed becomes the new pending step.
 
 Synchronous instead (the pending step committed first): steps that need every token on the host,
-i.e. a decode step that must retract (the victim's tokens must be known), MTP (verify reads its
+i.e. a short prefill step without riders and nothing waiting (its first token at once: the TTFT),
+a decode step that must retract (the victim's tokens must be known), MTP (verify reads its
 acceptance back: overlap is off, logged at start), --disable-overlap-schedule.
 """
 

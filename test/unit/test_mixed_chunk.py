@@ -146,8 +146,7 @@ def test_running_requests_decode_while_a_long_prompt_prefills(pair):
         submit(s, "a", random_prompt(10, seed=20), max_new_tokens=200)
         s.step()
         (a,) = s.running
-        while not a.output_ids:  # overlapped, a's first token is read at the next step's commit
-            s.step()
+        assert a.output_ids  # a short prompt with nothing waiting reads its first token at once
         submit(s, "b", random_prompt(6 * CHUNK, seed=21), max_new_tokens=2)
         sizes = []
         real = s.runner.forward
@@ -167,13 +166,10 @@ def test_running_requests_decode_while_a_long_prompt_prefills(pair):
         s.outbox.clear()
         assert idle(s)
     steps, grew = gained[True]
-    # Overlapped, each step commits the token a's previous step queued (a decode step's as b
-    # arrived): a gains a token in every step of b's multi-chunk prefill and in the step that reads
-    # b's first token.
-    assert steps >= 6 and grew == steps
-    # Without mixing, a waits for all of b's chunks: it gains only the token in flight as b arrived
-    # (read at the commit in b's first, overlapped, chunk).
-    assert gained[False][1] == 1
+    # Overlapped, each step commits the token a's previous step queued: a gains a token in every
+    # step of b's multi-chunk prefill but the first, and in the step that reads b's first token.
+    assert steps >= 6 and grew == steps - 1
+    assert gained[False][1] == 0  # without mixing, a waits for all of b's chunks
 
 
 def test_no_mixing_when_the_running_batch_would_take_most_of_the_budget(tiny_path, tmp_path_factory):
@@ -188,9 +184,12 @@ def test_no_mixing_when_the_running_batch_would_take_most_of_the_budget(tiny_pat
         submit(s, "late", random_prompt(CHUNK, seed=99), max_new_tokens=1)
         s.commit_pending()  # the tokens in flight (overlapped): the running batch as it stands
         before = [len(r.output_ids) for r in s.running]
+        overlapped = s.decode_steps["overlap_prefill_steps"]
         s.step()  # the late prompt prefills alone, with the whole budget
         assert [len(r.output_ids) for r in s.running if r.rid != "late"] == before
-        s.commit_pending()  # the late prompt's first (and last) token, read at the next commit
+        # A whole chunk: overlapped, its token read at the next commit (a short one reads it at once).
+        assert s.decode_steps["overlap_prefill_steps"] == overlapped + 1
+        s.commit_pending()
         assert any(r.rid == "late" for r in s.outbox) and s.mixed_counts["num_mixed_steps"] == 0
         s.abort("", abort_all=True)
         assert idle(s)
