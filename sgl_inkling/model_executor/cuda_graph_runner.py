@@ -100,20 +100,27 @@ class CudaGraphRunner:
             self._capture(bs)
 
     def _batch(self, bs: int) -> ForwardBatch:
+        dev = self.runner.device
+        return self._static_batch(bs, torch.ones(bs, dtype=torch.int64, device=dev), torch.arange(bs, device=dev),
+                                  [0] * bs)  # fmt: skip
+
+    def _static_batch(self, bs: int, extend_lens: torch.Tensor, logits_indices: torch.Tensor,
+                      prefix_lens_cpu: list[int], rows_cpu: list[int] = ()) -> ForwardBatch:  # fmt: skip
+        """A decode batch of the first bs rows of the static inputs."""
         s = self.static
-        ones = torch.ones(bs, dtype=torch.int64, device=self.runner.device)
         return ForwardBatch(
             mode=ForwardMode.DECODE,
             input_ids=s["input_ids"][:bs],
             positions=s["positions"][:bs],
             req_pool_indices=s["req_pool_indices"][:bs],
             prefix_lens=s["prefix_lens"][:bs],
-            extend_lens=ones,
+            extend_lens=extend_lens,
             out_loc=s["out_loc"][:bs],
             out_loc_swa=s["out_loc_swa"][:bs],
-            logits_indices=torch.arange(bs, device=self.runner.device),
-            prefix_lens_cpu=[0] * bs,
+            logits_indices=logits_indices,
+            prefix_lens_cpu=prefix_lens_cpu,
             extend_lens_cpu=[1] * bs,
+            req_pool_indices_cpu=list(rows_cpu),
         )
 
     def _capture(self, bs: int) -> None:
@@ -149,21 +156,8 @@ class CudaGraphRunner:
         self.inputs[:, :bucket].copy_(to_device(host, torch.int64, self.inputs.device))
         if on_device:
             self.inputs[0, :bs].copy_(input_ids.view(-1))
-        s, captured = self.static, self.batches[bucket]
-        return ForwardBatch(
-            mode=ForwardMode.DECODE,
-            input_ids=s["input_ids"][:bs],
-            positions=s["positions"][:bs],
-            req_pool_indices=s["req_pool_indices"][:bs],
-            prefix_lens=s["prefix_lens"][:bs],
-            extend_lens=captured.extend_lens[:bs],
-            out_loc=s["out_loc"][:bs],
-            out_loc_swa=s["out_loc_swa"][:bs],
-            logits_indices=captured.logits_indices[:bs],
-            prefix_lens_cpu=list(prefix_lens),
-            extend_lens_cpu=[1] * bs,
-            req_pool_indices_cpu=list(rows),
-        )
+        captured = self.batches[bucket]
+        return self._static_batch(bs, captured.extend_lens[:bs], captured.logits_indices[:bs], list(prefix_lens), rows)
 
     def replay(self, batch: ForwardBatch) -> ModelOutput:
         bs = batch.batch_size
