@@ -28,8 +28,7 @@ budget or more) or requests wait behind it: its first tokens are read at the nex
 the host builds that step while the device runs this one (a synchronous first prefill of 8K tokens
 left the GPU idle ~70 ms on the H200 while the host read its token back, took in the rest of the
 wave's requests and built the next 8K-token step). A short one with nothing behind it reads its
-tokens back at once: there is little to hide, and its first token is what its client waits for
-(overlapped, a cached 8K prompt's first token took 27 ms through HTTP on the H200 against 19 ms).
+tokens back at once: there is little to hide, and its first token is what its client waits for.
 """
 
 from __future__ import annotations
