@@ -84,7 +84,8 @@ def capture_forward(runner, batch: ForwardBatch, pool=None) -> tuple[torch.cuda.
 
 
 class CudaGraphRunner:
-    def __init__(self, runner, max_bs: int):
+    def __init__(self, runner, max_bs: int, capture: bool = True):
+        """capture=False sets up the static inputs and batches alone (a CPU test of stage_decode)."""
         self.runner = runner
         self.buckets = buckets_up_to(max_bs)
         self.pad_row = runner.req_to_token.pad_row  # never handed to a request; its table row is all 0
@@ -95,8 +96,8 @@ class CudaGraphRunner:
         self.static["req_pool_indices"].fill_(self.pad_row)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.outputs: dict[int, ModelOutput] = {}
-        self.batches: dict[int, ForwardBatch] = {}
-        for bs in reversed(self.buckets):
+        self.batches = {bs: self._batch(bs) for bs in self.buckets}
+        for bs in reversed(self.buckets) if capture else ():
             self._capture(bs)
 
     def _batch(self, bs: int) -> ForwardBatch:
@@ -124,11 +125,9 @@ class CudaGraphRunner:
         )
 
     def _capture(self, bs: int) -> None:
-        batch = self._batch(bs)
         # Each graph keeps its own memory pool: buckets are replayed in any order, so one graph's
         # intermediates must never alias another's outputs.
-        graph, out = capture_forward(self.runner, batch)
-        self.graphs[bs], self.outputs[bs], self.batches[bs] = graph, out, batch
+        self.graphs[bs], self.outputs[bs] = capture_forward(self.runner, self.batches[bs])
 
     def can_run(self, batch: ForwardBatch) -> bool:
         return (

@@ -1,0 +1,53 @@
+"""CudaGraphRunner.stage_decode writes a decode batch straight into the graphs' static inputs (the
+GPU test test/gpu/test_graph_staging.py runs it against eager decode); here, on the CPU and without
+graphs, its batch holds what ForwardBatch.build makes of the same lists, and the padding rows up to
+the bucket read the reserved row, position 0 and slot 0."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from sgl_inkling.model_executor.cuda_graph_runner import CudaGraphRunner
+from sgl_inkling.model_executor.forward_batch import ForwardBatch, ForwardMode
+
+PAD_ROW = 9
+FIELDS = ("input_ids", "positions", "req_pool_indices", "prefix_lens", "extend_lens", "out_loc", "out_loc_swa",
+          "logits_indices")  # fmt: skip
+
+
+def staging_runner(max_bs: int) -> CudaGraphRunner:
+    runner = SimpleNamespace(device=torch.device("cpu"), req_to_token=SimpleNamespace(pad_row=PAD_ROW))
+    return CudaGraphRunner(runner, max_bs, capture=False)
+
+
+@pytest.mark.parametrize("bs", [1, 3, 4, 5, 8])
+@pytest.mark.parametrize("ids_on_device", [False, True])
+def test_staged_batch_equals_the_built_one_with_padding_after_it(bs, ids_on_device):
+    g = staging_runner(8)  # buckets 1, 2, 4, 8: 3 and 5 pad
+    gen = torch.Generator().manual_seed(bs)
+    ids = torch.randint(0, 1000, (bs,), generator=gen).tolist()
+    rows = torch.randperm(8, generator=gen)[:bs].tolist()
+    prefix = torch.randint(1, 5000, (bs,), generator=gen).tolist()
+    full, swa = (torch.randint(1, 10**6, (bs,), generator=gen).tolist() for _ in range(2))
+    g.inputs.fill_(-7)  # whatever an earlier step left there
+    given = torch.tensor(ids).view(-1, 1) if ids_on_device else [[x] for x in ids]
+    staged = g.stage_decode(given, rows, prefix, full, swa)
+    built = ForwardBatch.build(ForwardMode.DECODE, [[x] for x in ids], rows, prefix, full, swa, "cpu")
+    for f in FIELDS:
+        assert getattr(staged, f).tolist() == getattr(built, f).tolist(), f
+    assert staged.prefix_lens_cpu == prefix and staged.extend_lens_cpu == [1] * bs
+    assert staged.rows_cpu() == rows and staged.batch_size == bs
+    assert staged.positions.data_ptr() == g.static["positions"].data_ptr()  # replay copies nothing
+    bucket = next(b for b in g.buckets if b >= bs)
+    pad = {f: g.static[f][bs:bucket].tolist() for f in g.static}
+    want = [0] * (bucket - bs)
+    assert pad == {"input_ids": want, "positions": want, "req_pool_indices": [PAD_ROW] * (bucket - bs),
+                   "prefix_lens": want, "out_loc": want, "out_loc_swa": want}  # fmt: skip
+
+
+def test_batches_past_the_largest_graph_are_not_staged():
+    g = staging_runner(4)
+    assert g.stage_decode([[1]] * 5, list(range(5)), [1] * 5, [1] * 5, [1] * 5) is None
