@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Issue 20's serving table on one H200 from the project root, under 5 minutes in all (BUDGET, s):
-#   0. test/gpu/test_mixed_chunk_gpu.py (and test_graph_staging.py: staged graph decode = eager): mixed steps (riders through the extend kernels) give the same
+#   0. test/gpu/test_mixed_chunk_gpu.py: mixed steps (riders through the extend kernels) give the same
 #      greedy tokens and logprobs as plain decode (graphs) on inkling-tiny in fp32; test_overlap_gpu.py
 #      and test_sampler_sync.py: overlapped decode and mixed steps (snapshots included) and the
-#      sampling path never wait for the device;
+#      sampling path never wait for the device; test_graph_staging.py: decode staged into the graphs'
+#      inputs gives eager decode's tokens;
 #   1. engine_timings.py: the slice's own prefill of one 8K prompt and its CUDA-graph decode step at
 #      batch 1, 16, 32, 48, 64, 128, 256 with 8.7K-token contexts (a separate measured stage: the GPU
 #      holds one copy of the slice at a time), and the prefill with 16, 32, 63 decode riders (mixed steps);
