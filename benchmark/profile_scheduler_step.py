@@ -56,13 +56,18 @@ from sgl_inkling.sampling.sampling_params import SamplingParams  # noqa: E402
 from sgl_inkling.server_args import ServerArgs  # noqa: E402
 
 
+def running_graph(s: Scheduler) -> torch.cuda.CUDAGraph:
+    """The captured decode graph the running batch replays."""
+    return s.runner.graphs.graphs[bucket_for(s.runner.graphs.buckets, len(s.running))]
+
+
 def graph_replays(s: Scheduler, sync) -> tuple[float | None, float | None]:
     """The device's part alone, with the whole batch running: the batch's decode graph replayed one
     at a time and back to back (ms). Replays advance the requests' conv states (the outputs of dummy
     weights change, not the work)."""
     if s.runner.graphs is None:
         return None, None
-    bucket = s.runner.graphs.graphs[bucket_for(s.runner.graphs.buckets, len(s.running))]
+    bucket = running_graph(s)
     one = statistics.median(replay_ms(bucket.replay, 20))
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
@@ -84,7 +89,7 @@ def decode_step_kernels(s: Scheduler, step, sync, n: int) -> dict:
     """The device work of n served decode steps (overlapped, as served) against n back-to-back
     replays of the batch's graph: span and kernel time per step, and the kernels only the served
     steps launch (by name, calls and us per step): the step's work beside the graph."""
-    graph = s.runner.graphs.graphs[bucket_for(s.runner.graphs.buckets, len(s.running))]
+    graph = running_graph(s)
     cuda = [torch.profiler.ProfilerActivity.CUDA]
     sync()
     with torch.profiler.profile(activities=cuda) as served:
@@ -104,8 +109,7 @@ def decode_step_kernels(s: Scheduler, step, sync, n: int) -> dict:
                           "us_per_step": r["us_per_step"] - g["us_per_step"]})  # fmt: skip
     return {
         "steps": n,
-        # the first served step's span also holds the step before it still running: the spans are
-        # of n steps each, so the difference is the served steps' own device time
+        # both start idle (synchronized): the difference is the served steps' own device time
         "served_span_us_per_step": device_span_us(served) / n,
         "graph_span_us_per_step": device_span_us(alone) / n,
         "served_kernel_us_per_step": sum(r["us_per_step"] for r in mine),
