@@ -94,7 +94,7 @@ def stream_generate(base: str, input_ids: list[int], output_len: int, timeout: f
     }
     conn = http.client.HTTPConnection(host, port, timeout=timeout)
     out = {"prompt_len": len(input_ids), "output_len": 0, "ttft": None, "itl": [], "e2e": None, "error": None,
-           "server_e2e": None}
+           "server_e2e": None, "last_token": None}
     t0 = time.perf_counter()
     try:
         conn.request("POST", "/generate", body=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
@@ -121,6 +121,7 @@ def stream_generate(base: str, input_ids: list[int], output_len: int, timeout: f
                     else:
                         out["itl"].append(now - last)
                     last = now
+                    out["last_token"] = now - t0
                     out["output_len"] = n
                 if b'"finish_reason":null' not in ev:  # the last event: the server's own e2e (seconds)
                     out["server_e2e"] = _loads(ev[5:])["meta_info"].get("e2e_latency")
@@ -250,8 +251,8 @@ def summarize(results: list[dict], duration: float, concurrency: int) -> dict:
         # the client's own lag); large against the TPOT means the figures above are the client's.
         **stats("client_minus_server_e2e", [r["e2e"] - r["server_e2e"] for r in ok if r.get("server_e2e") is not None]),
         # Per request, for checks and later analysis (seconds).
-        "requests": [{k: r.get(k) for k in ("prompt_len", "expected_output_len", "output_len", "ttft", "e2e", "server_e2e",
-                                            "error")}
+        "requests": [{k: r.get(k) for k in ("prompt_len", "expected_output_len", "output_len", "ttft", "last_token", "e2e",
+                                            "server_e2e", "error")}
                      for r in results],  # fmt: skip
     }
 
