@@ -13,8 +13,10 @@ from sgl_inkling.managers.subprocess_utils import (
     configure_logging,
     die_with_parent,
     ipc_addresses,
+    ipc_dir,
     limit_host_threads,
     name_process,
+    remove_ipc_dir,
 )
 
 logger = logging.getLogger(__name__)
@@ -40,6 +42,7 @@ class Backend:
             if p.is_alive():
                 p.kill()
                 p.join(timeout=10)  # gone before returning: a GPU process still exiting holds its memory
+        remove_ipc_dir(ipc_dir(self.addrs))  # an Engine shut down in a long-lived process leaves none behind
 
 
 def _run_scheduler(

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import atexit
 import ctypes
 import logging
 import os
+import shutil
 import signal
 import tempfile
 import threading
@@ -41,9 +43,20 @@ def die_with_parent() -> None:
 
 
 def ipc_addresses(names: list[str]) -> dict[str, str]:
-    """Fresh ipc:// endpoints in a private temp directory."""
+    """Fresh ipc:// endpoints in a private temp directory, removed when this process exits (the
+    socket files outlive their sockets: every server start would otherwise leave one behind)."""
     root = tempfile.mkdtemp(prefix="sglang-inkling-")
+    atexit.register(remove_ipc_dir, root)
     return {n: f"ipc://{os.path.join(root, n)}" for n in names}
+
+
+def remove_ipc_dir(root: str) -> None:
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def ipc_dir(addrs: dict[str, str]) -> str:
+    """The directory ipc_addresses made these endpoints in."""
+    return os.path.dirname(next(iter(addrs.values())).removeprefix("ipc://"))
 
 
 def limit_host_threads(device: str) -> int | None:

@@ -4,6 +4,7 @@ new requests meanwhile get 503; the server and all its children exit."""
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import signal
@@ -42,9 +43,14 @@ def alive(pid: int) -> bool:
         return False
 
 
-def test_sigterm_drains_then_aborts_what_is_left(tiny_path):
-    s = ServerProcess("--skip-server-warmup", "--graceful-shutdown-timeout", str(GRACE))
+def test_sigterm_drains_then_aborts_what_is_left(tiny_path, tmp_path):
+    # A temp directory of its own: the server's ZMQ socket files are found there, apart from any
+    # other server's.
+    s = ServerProcess("--skip-server-warmup", "--graceful-shutdown-timeout", str(GRACE),
+                      env={"TMPDIR": str(tmp_path)})  # fmt: skip
     try:
+        ours = glob.glob(str(tmp_path / "sglang-inkling-*"))
+        assert ours, "no IPC directory for the server's sockets?"
         kids = children(s.proc.pid)
         assert kids, "the server has no child processes?"
         short_expected = s.generate(**body(31, SHORT))["output_ids"]
@@ -89,5 +95,6 @@ def test_sigterm_drains_then_aborts_what_is_left(tiny_path):
         while any(alive(k) for k in kids) and time.time() < deadline:
             time.sleep(0.2)
         assert not any(alive(k) for k in kids), "child processes outlived the server"
+        assert not any(os.path.exists(d) for d in ours), "the socket files outlived the server"
     finally:
         s.stop()
