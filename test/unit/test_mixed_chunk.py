@@ -197,6 +197,33 @@ def test_no_mixing_when_the_running_batch_would_take_most_of_the_budget(tiny_pat
         close_scheduler(s)
 
 
+def test_a_short_lone_prefill_overlaps_only_when_requests_wait_behind_it(tiny_path, tmp_path_factory):
+    """A short prefill without riders reads its token in its own step (nothing to build meanwhile);
+    with requests waiting behind it, it is queued like a decode step and the next step is built while
+    it runs (its token read at the next commit)."""
+    s = make_scheduler(tiny_path, tmp_path_factory, True, disable_radix_cache=True, max_running_requests=1)
+    try:
+        assert 2 * 10 < CHUNK  # short: under half the budget
+        submit(s, "alone", random_prompt(10, seed=1), max_new_tokens=1)
+        overlapped = s.decode_steps["overlap_prefill_steps"]
+        s.step()
+        assert s.decode_steps["overlap_prefill_steps"] == overlapped
+        assert any(r.rid == "alone" and r.finished_reason is not None for r in s.outbox)
+        s.outbox.clear()
+        for rid in ("first", "behind"):  # one running request at most: "behind" waits
+            submit(s, rid, random_prompt(10, seed=2), max_new_tokens=2)
+        s.step()
+        assert [r.rid for r in s.waiting] == ["behind"]
+        assert s.decode_steps["overlap_prefill_steps"] == overlapped + 1
+        assert not any(r.rid == "first" for r in s.outbox)  # in flight
+        s.commit_pending()
+        assert any(r.rid == "first" and r.new_tokens for r in s.outbox)
+        s.abort("", abort_all=True)
+        assert idle(s)
+    finally:
+        close_scheduler(s)
+
+
 def test_retraction_under_a_tiny_kv_budget(tiny_path, tmp_path_factory):
     """Greedy outputs survive retraction (re-prefilled later) in both modes and agree."""
     outs = []
