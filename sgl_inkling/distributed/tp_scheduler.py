@@ -23,7 +23,7 @@ from sgl_inkling.distributed.parallel_state import get_parallel
 from sgl_inkling.distributed.sync import broadcast_object, gather_object
 from sgl_inkling.managers.schedule_policy import LPM_MIN_QUEUE
 from sgl_inkling.managers.scheduler import Scheduler
-from sgl_inkling.managers.subprocess_utils import ipc_addresses
+from sgl_inkling.managers.subprocess_utils import ipc_addresses, ipc_dir, remove_ipc_dir
 
 
 class _Discard:
@@ -56,6 +56,8 @@ class TPScheduler(Scheduler):
         if not self.leader:  # private endpoints nobody talks to; the output one is replaced below
             recv_addr = send_addr = ipc_addresses(["unused"])["unused"]
         super().__init__(server_args, model_path, recv_addr, send_addr)
+        if not self.leader:  # its socket file is never looked up: gone now, not left by a killed rank
+            remove_ipc_dir(ipc_dir({"unused": recv_addr}))
         torch.manual_seed(server_args.random_seed)  # after loading: from here on every rank draws alike
         self.policy = _LeaderOrder(self.policy)
         if not self.leader:

@@ -22,10 +22,13 @@ SP = {"temperature": 0, "max_new_tokens": 8, "ignore_eos": True}
 
 
 @pytest.fixture(scope="module")
-def tp2(tiny_path):
-    s = ServerProcess("--skip-server-warmup", "--tp-size", "2")
+def tp2(tiny_path, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("tp2")  # the server's temp dir: its socket files are found there
+    s = ServerProcess("--skip-server-warmup", "--tp-size", "2", env={"TMPDIR": str(tmp)})
+    s.tmp = tmp
     yield s
     s.stop()
+    assert not list(tmp.glob("sglang-inkling-*")), "socket files outlived the server"
 
 
 def gen(server, ids: list[int]) -> dict:
@@ -51,6 +54,8 @@ def test_tp2_greedy_matches_tp1_with_prefix_cache(server, tp2):
 
 
 def test_tp2_rank_holds_half_of_the_state(tp2):
+    # One socket directory while serving: the front end's; rank 1's private endpoint is unlinked.
+    assert len(list(tp2.tmp.glob("sglang-inkling-*"))) == 1
     st = tp2.internal_state()
     assert (st["tp_size"], st["ep_size"]) == (2, 1)
     h, hd = TEXT["hidden_size"], TEXT["head_dim"]
