@@ -57,7 +57,7 @@ class TPScheduler(Scheduler):
             recv_addr = send_addr = ipc_addresses(["unused"])["unused"]
         super().__init__(server_args, model_path, recv_addr, send_addr)
         if not self.leader:  # its socket file is never looked up: gone now, not left by a killed rank
-            remove_ipc_dir(ipc_dir({"unused": recv_addr}))
+            remove_ipc_dir(ipc_dir(recv_addr))
         torch.manual_seed(server_args.random_seed)  # after loading: from here on every rank draws alike
         self.policy = _LeaderOrder(self.policy)
         if not self.leader:

@@ -42,7 +42,7 @@ class Backend:
             if p.is_alive():
                 p.kill()
                 p.join(timeout=10)  # gone before returning: a GPU process still exiting holds its memory
-        remove_ipc_dir(ipc_dir(self.addrs))  # an Engine shut down in a long-lived process leaves none behind
+        remove_ipc_dir(ipc_dir(self.addrs["scheduler"]))  # an Engine shut down in a long-lived process leaves none behind
 
 
 def _run_scheduler(

@@ -54,9 +54,9 @@ def remove_ipc_dir(root: str) -> None:
     shutil.rmtree(root, ignore_errors=True)
 
 
-def ipc_dir(addrs: dict[str, str]) -> str:
-    """The directory ipc_addresses made these endpoints in."""
-    return os.path.dirname(next(iter(addrs.values())).removeprefix("ipc://"))
+def ipc_dir(addr: str) -> str:
+    """The directory ipc_addresses made this endpoint in."""
+    return os.path.dirname(addr.removeprefix("ipc://"))
 
 
 def limit_host_threads(device: str) -> int | None:

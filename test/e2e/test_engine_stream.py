@@ -16,7 +16,7 @@ def test_engine_incremental_stream_adds_up_to_the_servers_answer(server, tiny_pa
             "sampling_params": {"temperature": 0, "max_new_tokens": 12, "ignore_eos": True}}  # fmt: skip
     whole = server.generate(**body)
     eng = sgl.Engine(model_path=str(tiny_path), incremental_streaming_output=True)
-    sockets = ipc_dir(eng.backend.addrs)
+    sockets = ipc_dir(eng.backend.addrs["scheduler"])
     try:
         assert os.path.isdir(sockets)
         chunks = list(eng.generate(stream=True, **body))
