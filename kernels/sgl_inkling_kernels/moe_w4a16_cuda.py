@@ -75,6 +75,11 @@ class CudaTiles:
     # (row_ring=0, cp_async above) stays as the fallback. A ring of the same stages filled by bulk copies
     # (cp.async.bulk, mbarriers) was slower there, 185 / 900 / 3919 us with 4 stages, and was removed.
     row_ring: int = 4
+    # Row ring, one column tile (every decode batch): x_ahead loads the next chunk's activations while
+    # one computes (two register sets), where each chunk's products otherwise start with an L2 round
+    # trip; min_blocks, CTAs per SM the compiler must fit in registers (0: no bound).
+    x_ahead: int = 0
+    min_blocks: int = 0
 
     def __post_init__(self):
         if self.x_prefetch and self.cp_async:
@@ -82,9 +87,9 @@ class CudaTiles:
 
     def defines(self) -> tuple[tuple[str, int], ...]:
         names = ("MOE_L2_PREFETCH", "MOE_WARPS", "MOE_DUAL_ACC", "MOE_X_PREFETCH", "MOE_CP_ASYNC", "MOE_SPLIT_SINKS",
-                 "MOE_PDL", "MOE_ROW_RING")  # fmt: skip
+                 "MOE_PDL", "MOE_ROW_RING", "MOE_X_AHEAD", "MOE_MIN_BLOCKS")  # fmt: skip
         values = (self.l2, self.warps, self.dual_acc, self.x_prefetch, self.cp_async, self.split_sinks, self.pdl,
-                  self.row_ring)  # fmt: skip
+                  self.row_ring, self.x_ahead, self.min_blocks)  # fmt: skip
         return tuple(zip(names, values))
 
 
