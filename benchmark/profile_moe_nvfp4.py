@@ -1,4 +1,4 @@
-"""One fused NVFP4 MoE call at Inkling's width (8 experts, top-6, 2 sinks), for Nsight Compute.
+"""One fused NVFP4 MoE call at Inkling's width (8 experts unless --experts, top-6, 2 sinks), for Nsight Compute.
 
     ncu --clock-control none -k regex:_up_kernel --launch-skip 2 --launch-count 1 \
         python benchmark/profile_moe_nvfp4.py [--batch-size 1] [--tiles 32,64,128,128,4,3] [--moe-build row_ring=0]
@@ -25,12 +25,14 @@ from sgl_inkling_kernels.fused_moe_nvfp4 import Tiles, fused_moe_nvfp4  # noqa: 
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--batch-size", type=int, default=1)
+    p.add_argument("--experts", type=int, default=8, help="routed experts (256: Inkling's, where a batch of 64 hits "
+                   "about 200 with one or two tokens each: the kernels' steady state)")
     p.add_argument("--tiles", default=None, help="up_n,down_n,kb,bk_sink,warps,stages")
     p.add_argument("--moe-build", default="", help="the CUDA decode build, 'field=value,...' (benchmark/moe_build.py), "
                    "e.g. row_ring=0 (the chunk ring); default: the shipped one")
     args = p.parse_args()
     apply_moe_build(args.moe_build)
-    h, i, e, k, s, t = 6144, 3072, 8, 6, 2, args.batch_size
+    h, i, e, k, s, t = 6144, 3072, args.experts, 6, 2, args.batch_size
     gen = torch.Generator(device="cuda").manual_seed(0)
     w13, w2 = quantized(e, 2 * i, h, gen), quantized(e, h, i, gen)
     sw13 = (torch.randn(s, 2 * i, h, generator=gen, device="cuda") * h**-0.5).bfloat16()

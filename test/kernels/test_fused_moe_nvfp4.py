@@ -187,14 +187,12 @@ CUDA_CASES = [
     ((5, 2, 2, 512, 256, 64), CudaTiles(nt=8, row_ring=5)),
     ((12, 0, 3, 640, 384, 3), CudaTiles(nt=1, row_ring=4)),
     # the row ring with the next chunk's activations loaded ahead, alone and under a register bound
-    # (5 or 6 CTAs an SM): full width at batch 1 and 64, a half last stage (I 384, H 640), 8 warps (a
-    # warp with a single stage), the sinks in the kernel, and a 2-tile batch (the bound and the
-    # prefetch are for one tile only)
+    # (5 or 6 CTAs an SM): full width at batch 1 and 64, a half last stage (I 384, H 640), the sinks in
+    # the kernel, and a 2-tile batch (the bound and the prefetch are for one tile only)
     ((8, 2, 6, 6144, 3072, 1), CudaTiles(nt=1, x_ahead=1)),
     ((8, 2, 6, 6144, 3072, 64), CudaTiles(nt=1, x_ahead=1, min_blocks=5)),
     ((8, 2, 6, 6144, 384, 1), CudaTiles(nt=1, x_ahead=1, min_blocks=6, row_ring=3)),
     ((12, 0, 3, 640, 384, 3), CudaTiles(nt=1, x_ahead=1, min_blocks=5)),
-    ((9, 1, 4, 256, 512, 40), CudaTiles(nt=1, x_ahead=1, warps=8)),
     ((33, 2, 6, 512, 256, 5), CudaTiles(nt=1, x_ahead=1, min_blocks=6, row_ring=3, sink_stream=0, split_sinks=0)),
     ((9, 1, 4, 256, 512, 40), CudaTiles(nt=2, x_ahead=1, min_blocks=5)),
 ]
