@@ -89,11 +89,9 @@ CUDA_FIELDS = [f.name for f in dataclasses.fields(CudaTiles)]
 CUDA_SPEC = "c:" + ",".join(CUDA_FIELDS)
 # A c: spec names every CudaTiles field, so that a spec written for another field list fails instead
 # of shifting its values into other fields. The 13th of 14 fields was bulk (before it, persist) until
-# it was removed; x_ahead and min_blocks were added after the 13th (row_ring) since.
-_OLD_LENGTHS = {
-    13: "x_ahead and min_blocks were added after row_ring: append 0,0 for the same build",
-    14: "the 13th field (bulk, before that persist) was removed: drop it, then append 0,0 (x_ahead, min_blocks)",
-}
+# it was removed: a 14-field spec with it 0 is the same build without it. The 13-field specs of before
+# bulk was added name the fields of now.
+_OLD_LENGTHS = {14: "the 13th field (bulk, before that persist) was removed: drop it"}
 
 
 def cuda_tiles(body: str) -> CudaTiles:

@@ -75,11 +75,16 @@ class CudaTiles:
     # (row_ring=0, cp_async above) stays as the fallback. A ring of the same stages filled by bulk copies
     # (cp.async.bulk, mbarriers) was slower there, 185 / 900 / 3919 us with 4 stages, and was removed.
     row_ring: int = 4
-    # Row ring, one column tile (every decode batch): x_ahead loads the next chunk's activations while
-    # one computes (two register sets), where each chunk's products otherwise start with an L2 round
-    # trip; min_blocks, CTAs per SM the compiler must fit in registers (0: no bound).
-    x_ahead: int = 0
-    min_blocks: int = 0
+    # What limits the row ring (Nsight Compute at f93a6c1, results/ncu_moe_w4a16_bs64_e256.txt: the up launch
+    # at batch 64 over 256 experts, the steady state): instruction issue, not memory. Issue slots 75.7% busy
+    # (3.04 IPC), the ALU pipe (LOP3 / PRMT of the decode) 64.7%, DRAM 58%; 4.57 instructions per routed
+    # weight (about 250 a 128-element chunk in the loop: 112 decode, 32 bf16 scale products, 16 B-fragment
+    # PRMTs, 8 HMMA, the rest addresses, scale conversion and the ring). So the kernel needs fewer
+    # instructions per weight, not more bytes in flight: at 62db06d the next chunk's activations loaded
+    # ahead (two register sets, 122 registers), a register bound of 5 or 6 CTAs an SM (91 / 80 registers)
+    # and a 3-stage ring with 6 CTAs all measured equal or slower, 129.3-137.8 / 562.9-615.1 / 2585-2869 us
+    # at batch 1 / 8 / 64 against 130.7 / 562.9 / 2585 (removed since); at f93a6c1 pdl, one mma chain,
+    # 128-byte L2 prefetch and 2-warp CTAs were within 2% (results/diagnostics/moe_issue_bound_62db06d).
 
     def __post_init__(self):
         if self.x_prefetch and self.cp_async:
@@ -87,9 +92,9 @@ class CudaTiles:
 
     def defines(self) -> tuple[tuple[str, int], ...]:
         names = ("MOE_L2_PREFETCH", "MOE_WARPS", "MOE_DUAL_ACC", "MOE_X_PREFETCH", "MOE_CP_ASYNC", "MOE_SPLIT_SINKS",
-                 "MOE_PDL", "MOE_ROW_RING", "MOE_X_AHEAD", "MOE_MIN_BLOCKS")  # fmt: skip
+                 "MOE_PDL", "MOE_ROW_RING")  # fmt: skip
         values = (self.l2, self.warps, self.dual_acc, self.x_prefetch, self.cp_async, self.split_sinks, self.pdl,
-                  self.row_ring, self.x_ahead, self.min_blocks)  # fmt: skip
+                  self.row_ring)  # fmt: skip
         return tuple(zip(names, values))
 
 

@@ -8,7 +8,9 @@
 // about 2.7 instructions per weight (counted from the PTX), with later K chunks' loads in flight
 // while one computes (a register ring, a cp.async shared-memory ring of chunks, or by default one of
 // whole 128-byte row spans, which halves the L2 requests; Nsight Compute at batch 1 finds the chunk
-// ring bound by memory latency, not by issue: results/ncu_moe_w4a16_bs1.txt).
+// ring bound by memory latency, not by issue: results/ncu_moe_w4a16_bs1.txt; at batch 64 over 256
+// experts the row ring is bound by issue, 75.7% of issue slots and 64.7% of the ALU pipe busy at 58% of
+// DRAM, about 4.6 instructions per weight in all: results/ncu_moe_w4a16_bs64_e256.txt).
 //
 // Swap-AB: out^T[rows, tokens] = W[rows, K] x X^T[K, tokens]; a CTA owns a 16-row tile of one
 // expert and up to 8 * NT (token, slot) columns; its warps walk K in interleaved chunks of 128
@@ -266,8 +268,7 @@ __device__ __forceinline__ void load_x(const __nv_bfloat16* row, bool ok, int ch
 // One chunk's products. Up to 2 column tiles: activations first, then per k16 step one A fragment
 // for every tile. More tiles: the 8 A fragments first (32 registers), then the tiles one by one, so
 // that registers hold one tile's activations instead of all of them.
-// XPRE: one column tile whose activations the caller loaded (xpre) ahead of the chunk.
-template <bool FP4, int NT, bool XPRE = MOE_X_PREFETCH && NT == 1>
+template <bool FP4, int NT>
 __device__ __forceinline__ void compute_chunk(float (&acc)[NT][4], float (&acc2)[NT][4], const WChunk<FP4>& c,
                                               const __nv_bfloat16* const (&xrow)[NT], const bool (&xok)[NT],
                                               int ch, int lane4, const uint32_t (&xpre)[16]) {
@@ -280,7 +281,7 @@ __device__ __forceinline__ void compute_chunk(float (&acc)[NT][4], float (&acc2)
     uint32_t xv[NT][16];
 #pragma unroll
     for (int i = 0; i < NT; ++i) {
-      if (XPRE && NT == 1) {
+      if (MOE_X_PREFETCH && NT == 1) {
 #pragma unroll
         for (int q = 0; q < 16; ++q) xv[i][q] = xpre[q];
       } else {
@@ -430,9 +431,6 @@ __device__ __forceinline__ void finish_tile(const Args& a, const Blocks& b, int 
 #ifndef MOE_ROW_RING  // super-stages of a per-warp ring that copies whole 128-byte row spans (0: off)
 #define MOE_ROW_RING 0
 #endif
-#ifndef MOE_X_AHEAD  // row ring, one column tile: the next chunk's activations loaded while one computes
-#define MOE_X_AHEAD 0
-#endif
 
 #if MOE_ROW_RING
 // The row ring: a warp's stage is two adjacent chunks (K 256: 128 code bytes per row) of its tile's 16
@@ -502,40 +500,19 @@ __device__ __forceinline__ void row_ring_products(const uint8_t* codes, int64_t 
 #pragma unroll
   for (int st = 0; st < S - 1; ++st) issue(warp + kWarps * st, st);
   pdl_wait();  // the activations below come from the previous launch
-  // Stage i: wait for its codes, read them back and refill the slot (its two chunks' products follow).
-  auto stage_codes = [&](int i, WChunk<true>& c0, WChunk<true>& c1) {
+  uint32_t xnone[16] = {};
+  for (int i = 0; warp + kWarps * i < n_stages; ++i) {
     const int sp = warp + kWarps * i, st = i % S;
     cp_async_wait<S - 2>();
     __syncwarp();  // lanes read rows other lanes copied
-    c0 = row_chunk<S>(ring, sc, warp, st, 0, lr0, lr1, lane4);
-    if (2 * sp + 1 < n_chunks) c1 = row_chunk<S>(ring, sc, warp, st, 1, lr0, lr1, lane4);
+    const bool full = 2 * sp + 1 < n_chunks;
+    const WChunk<true> c0 = row_chunk<S>(ring, sc, warp, st, 0, lr0, lr1, lane4);
+    WChunk<true> c1;
+    if (full) c1 = row_chunk<S>(ring, sc, warp, st, 1, lr0, lr1, lane4);
     __syncwarp();  // before the stage is refilled
     issue(sp + kWarps * (S - 1), (i + S - 1) % S);
-  };
-  if constexpr (NT == 1 && MOE_X_AHEAD) {
-    // The next chunk's activations are loaded while one computes (two register sets in turn): else
-    // every chunk's products start by waiting an L2 round trip for its four activation loads.
-    uint32_t xa[16], xb[16];
-    load_x(xrow[0], xok[0], kRowSpan * warp, lane4, xa);
-    for (int i = 0; warp + kWarps * i < n_stages; ++i) {
-      const int sp = warp + kWarps * i, nx = sp + kWarps;
-      const bool full = 2 * sp + 1 < n_chunks;
-      WChunk<true> c0, c1;
-      stage_codes(i, c0, c1);
-      if (full) load_x(xrow[0], xok[0], kRowSpan * sp + 1, lane4, xb);
-      compute_chunk<true, NT, true>(acc, acc2, c0, xrow, xok, kRowSpan * sp, lane4, xa);
-      if (nx < n_stages) load_x(xrow[0], xok[0], kRowSpan * nx, lane4, xa);
-      if (full) compute_chunk<true, NT, true>(acc, acc2, c1, xrow, xok, kRowSpan * sp + 1, lane4, xb);
-    }
-  } else {
-    const uint32_t xnone[16] = {};
-    for (int i = 0; warp + kWarps * i < n_stages; ++i) {
-      const int sp = warp + kWarps * i;
-      WChunk<true> c0, c1;
-      stage_codes(i, c0, c1);
-      compute_chunk<true, NT, false>(acc, acc2, c0, xrow, xok, kRowSpan * sp, lane4, xnone);
-      if (2 * sp + 1 < n_chunks) compute_chunk<true, NT, false>(acc, acc2, c1, xrow, xok, kRowSpan * sp + 1, lane4, xnone);
-    }
+    compute_chunk<true, NT>(acc, acc2, c0, xrow, xok, kRowSpan * sp, lane4, xnone);
+    if (full) compute_chunk<true, NT>(acc, acc2, c1, xrow, xok, kRowSpan * sp + 1, lane4, xnone);
   }
   cp_async_wait<0>();
 }
@@ -643,14 +620,8 @@ __device__ __forceinline__ void tile(const Args& a, const Blocks& b, int blk, in
 
 // PATHS 0: sink blocks (BF16) first in the grid, the heaviest, and the routed ones fill in behind; the
 // kernel holds both paths (its registers are the larger path's). 1: routed only, 2: sinks only.
-#ifndef MOE_MIN_BLOCKS  // one column tile: CTAs per SM the compiler must fit in registers (0: no bound)
-#define MOE_MIN_BLOCKS 0
-#endif
-// Only the one-tile kernels (every decode batch) take the bound: more tiles need their registers.
-constexpr int min_blocks(int nt) { return nt == 1 ? MOE_MIN_BLOCKS : 0; }  // 0: none
-
 template <int NT, bool UP, int DEPTH, int PATHS>
-__global__ void __launch_bounds__(kWarps * 32, min_blocks(NT)) moe_w4a16_kernel(Args a, Blocks b) {
+__global__ void __launch_bounds__(kWarps * 32) moe_w4a16_kernel(Args a, Blocks b) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
 #if MOE_PDL
   asm volatile("griddepcontrol.launch_dependents;");
