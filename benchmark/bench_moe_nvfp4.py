@@ -88,10 +88,10 @@ def read_tbs() -> float:
 CUDA_FIELDS = [f.name for f in dataclasses.fields(CudaTiles)]
 CUDA_SPEC = "c:" + ",".join(CUDA_FIELDS)
 # A c: spec names every CudaTiles field, so that a spec written for another field list fails instead
-# of shifting its values into other fields. The 13th of 14 fields was bulk (before it, persist) until
-# it was removed: a 14-field spec with it 0 is the same build without it. The 13-field specs of before
-# bulk was added name the fields of now.
-_OLD_LENGTHS = {14: "the 13th field (bulk, before that persist) was removed: drop it"}
+# of shifting its values into other fields. Until lean was added after row_ring a spec had 13 fields
+# (the 14 of an older spec had bulk, before that persist, 13th: it ends in bulk, row_ring and is
+# refused by CudaTiles unless its row_ring is 0 or 1).
+_OLD_LENGTHS = {13: "lean (the 14th field) was added after row_ring: append 0 for the same build"}
 
 
 def cuda_tiles(body: str) -> CudaTiles:

@@ -75,6 +75,9 @@ class CudaTiles:
     # (row_ring=0, cp_async above) stays as the fallback. A ring of the same stages filled by bulk copies
     # (cp.async.bulk, mbarriers) was slower there, 185 / 900 / 3919 us with 4 stages, and was removed.
     row_ring: int = 4
+    # lean: the row ring's loop for one column tile (every decode batch) with its addresses hoisted
+    # (csrc row_ring_lean): the same copies and products in about 455 instructions a stage against 599.
+    lean: int = 0
     # What limits the row ring (Nsight Compute at f93a6c1, results/ncu_moe_w4a16_bs64_e256.txt: the up launch
     # at batch 64 over 256 experts, the steady state): instruction issue, not memory. Issue slots 75.7% busy
     # (3.04 IPC), the ALU pipe (LOP3 / PRMT of the decode) 64.7%, DRAM 58%; 4.57 instructions per routed
@@ -87,14 +90,16 @@ class CudaTiles:
     # 128-byte L2 prefetch and 2-warp CTAs were within 2% (results/diagnostics/moe_issue_bound_62db06d).
 
     def __post_init__(self):
+        if self.lean not in (0, 1):
+            raise ValueError(f"CudaTiles: lean is 0 or 1, got {self.lean}")
         if self.x_prefetch and self.cp_async:
             raise ValueError("CudaTiles: x_prefetch is for the register ring, not with cp_async")
 
     def defines(self) -> tuple[tuple[str, int], ...]:
         names = ("MOE_L2_PREFETCH", "MOE_WARPS", "MOE_DUAL_ACC", "MOE_X_PREFETCH", "MOE_CP_ASYNC", "MOE_SPLIT_SINKS",
-                 "MOE_PDL", "MOE_ROW_RING")  # fmt: skip
+                 "MOE_PDL", "MOE_ROW_RING", "MOE_LEAN")  # fmt: skip
         values = (self.l2, self.warps, self.dual_acc, self.x_prefetch, self.cp_async, self.split_sinks, self.pdl,
-                  self.row_ring)  # fmt: skip
+                  self.row_ring, self.lean)  # fmt: skip
         return tuple(zip(names, values))
 
 

@@ -186,6 +186,14 @@ CUDA_CASES = [
     ((17, 2, 6, 1024, 512, 100), CudaTiles(nt=4, row_ring=5)),
     ((5, 2, 2, 512, 256, 64), CudaTiles(nt=8, row_ring=5)),
     ((12, 0, 3, 640, 384, 3), CudaTiles(nt=1, row_ring=4)),
+    # the row ring's lean loop (one column tile; more tiles keep the generic loop): full width at batch
+    # 1 and 64, half last stages (I 384; H 640), the sinks in the kernel, 2 tiles, a 3-stage ring
+    ((8, 2, 6, 6144, 3072, 1), CudaTiles(nt=1, lean=1)),
+    ((8, 2, 6, 6144, 3072, 64), CudaTiles(nt=1, lean=1)),
+    ((8, 2, 6, 6144, 384, 1), CudaTiles(nt=1, lean=1)),
+    ((12, 0, 3, 640, 384, 3), CudaTiles(nt=1, lean=1)),
+    ((33, 2, 6, 512, 256, 5), CudaTiles(nt=1, row_ring=3, lean=1, sink_stream=0, split_sinks=0)),
+    ((9, 1, 4, 256, 512, 40), CudaTiles(nt=2, lean=1)),
 ]
 
 
@@ -193,7 +201,7 @@ def _case_id(case) -> str:
     """The ring in the test id, so that a GPU run can select one ring's cases with -k (and run them in
     a process of their own: a kernel fault poisons its process's CUDA context)."""
     shape, tiles = case
-    ring = "default" if tiles is None else "row_ring" if tiles.row_ring else "chunk"
+    ring = "default" if tiles is None else "lean" if tiles.lean else "row_ring" if tiles.row_ring else "chunk"
     return ring + "-" + "x".join(map(str, shape))
 
 

@@ -268,7 +268,8 @@ __device__ __forceinline__ void load_x(const __nv_bfloat16* row, bool ok, int ch
 // One chunk's products. Up to 2 column tiles: activations first, then per k16 step one A fragment
 // for every tile. More tiles: the 8 A fragments first (32 registers), then the tiles one by one, so
 // that registers hold one tile's activations instead of all of them.
-template <bool FP4, int NT>
+// XPRE: one column tile whose activations the caller loaded (xpre).
+template <bool FP4, int NT, bool XPRE = MOE_X_PREFETCH && NT == 1>
 __device__ __forceinline__ void compute_chunk(float (&acc)[NT][4], float (&acc2)[NT][4], const WChunk<FP4>& c,
                                               const __nv_bfloat16* const (&xrow)[NT], const bool (&xok)[NT],
                                               int ch, int lane4, const uint32_t (&xpre)[16]) {
@@ -281,7 +282,7 @@ __device__ __forceinline__ void compute_chunk(float (&acc)[NT][4], float (&acc2)
     uint32_t xv[NT][16];
 #pragma unroll
     for (int i = 0; i < NT; ++i) {
-      if (MOE_X_PREFETCH && NT == 1) {
+      if (XPRE && NT == 1) {
 #pragma unroll
         for (int q = 0; q < 16; ++q) xv[i][q] = xpre[q];
       } else {
@@ -477,6 +478,148 @@ __device__ __forceinline__ WChunk<true> row_chunk(const uint4 (&ring)[kWarps][S]
   return w;
 }
 
+#ifndef MOE_LEAN  // row ring, one column tile: the stage loop with its addresses hoisted (row_ring_lean)
+#define MOE_LEAN 0
+#endif
+
+[[maybe_unused]] __device__ __forceinline__ void cp_async16_at(uint32_t dst, const void* src) {
+#if MOE_L2_PREFETCH == 256
+  asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16;" ::"r"(dst), "l"(src));
+#elif MOE_L2_PREFETCH == 128
+  asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16;" ::"r"(dst), "l"(src));
+#else
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(src));
+#endif
+}
+
+[[maybe_unused]] __device__ __forceinline__ void cp_async8_at(uint32_t dst, const void* src) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"(dst), "l"(src));
+}
+
+// A value the compiler must keep in a register: it can no longer recompute it from what it was
+// computed from (without this, ptxas rematerialises every hoisted address inside the loop).
+__device__ __forceinline__ uint32_t opaque(uint32_t v) {
+  asm volatile("mov.b32 %0, %0;" : "+r"(v));
+  return v;
+}
+
+template <typename T>
+__device__ __forceinline__ const T* opaque(const T* p) {
+  asm volatile("mov.b64 %0, %0;" : "+l"(p));
+  return p;
+}
+
+// Shared-memory reads at a 32-bit address; volatile so that they stay between the __syncwarps.
+__device__ __forceinline__ uint4 lds128(uint32_t at) {
+  uint4 v;
+  asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(at));
+  return v;
+}
+
+__device__ __forceinline__ uint16_t lds16(uint32_t at) {
+  uint16_t v;
+  asm volatile("ld.shared.u16 %0, [%1];" : "=h"(v) : "r"(at));
+  return v;
+}
+
+// The row ring of one column tile with the bookkeeping of a stage taken out of the loop: the decode
+// kernel is bound by instruction issue (results/ncu_moe_w4a16_bs64_e256.txt: 75.7% of issue slots
+// busy, about 250 instructions a 128-element chunk of which some 75 computed ring slots, swizzles,
+// source rows, predicates and zeroed activations anew each stage). Here every lane's source pointers,
+// shared-memory slots and read offsets are set once; a stage adds the slot's offset and advances the
+// pointers. The activations are loaded for the whole stage without predicates: a padding column
+// reads row 0 (column() points it there), and a column's products only reach its own outputs, which
+// finish_tile never writes for padding. Same copies, same order of products as row_ring_products.
+template <int S, bool UP>
+__device__ __forceinline__ void row_ring_lean(uint4 (&ring)[kWarps][S][16][8], uint2 (&sc)[kWarps][S][16][2],
+                                              const uint8_t* codes, int64_t s_cr, const uint8_t* scales,
+                                              int64_t s_sr, int n_chunks, int warp, int lane, int g, int lane4,
+                                              const __nv_bfloat16* xrow, float (&acc)[1][4], float (&acc2)[1][4]) {
+  constexpr int kStage = 16 * 8 * 16, kScStage = 16 * 2 * 8;  // bytes of a code / scale stage
+  const int n_stages = (n_chunks + kRowSpan - 1) / kRowSpan;
+  // Copies (row_fill's): unit u of rows 4q + r, q = 0..3 (whose swizzle is r's: rows 4 apart share
+  // it, so the four destinations are 512 bytes apart), and 8 scale bytes of row lane / 2.
+  const int u = lane & 7, r = lane >> 3;
+  const uint8_t* src = opaque(codes + r * s_cr + u * 16 + warp * 128);  // the warp's first stage, sp = warp
+  const int64_t row4 = 4 * s_cr;
+  const uint8_t* ssrc = opaque(scales + (lane >> 1) * s_sr + (lane & 1) * 8 + warp * 16);
+  const uint32_t dst = opaque(static_cast<uint32_t>(__cvta_generic_to_shared(&ring[warp][0][r][u ^ row_swz(r)])));
+  const uint32_t sdst = opaque(static_cast<uint32_t>(__cvta_generic_to_shared(&sc[warp][0][lane >> 1][lane & 1])));
+  const bool copy_half = u < 4, scale_half = (lane & 1) == 0;  // the lanes of a half last stage
+  int issued = 0;  // the warp's stages issued so far (stage i is sp = warp + kWarps * i, slot i % S)
+  auto issue = [&]() {
+    const int sp = warp + kWarps * issued;
+    if (sp < n_stages) {
+      const bool full = 2 * sp + 1 < n_chunks;
+      const uint32_t slot = issued % S;
+      if (full || copy_half) {
+        const uint32_t d = dst + slot * kStage;
+        cp_async16_at(d, src);
+        cp_async16_at(d + 512, src + row4);
+        cp_async16_at(d + 1024, src + 2 * row4);
+        cp_async16_at(d + 1536, src + 3 * row4);
+      }
+      if (full || scale_half) cp_async8_at(sdst + slot * kScStage, ssrc);
+    }
+    cp_async_commit();
+    ++issued;
+    src += kWarps * 128;
+    ssrc += kWarps * 16;
+  };
+#pragma unroll
+  for (int st = 0; st < S - 1; ++st) issue();
+  // Reads (row_chunk's): chunk c's unit c * 4 + lane4 of rows lr0, lr1, and their scale pairs (chunk 1's
+  // 8 bytes after chunk 0's).
+  const int lr0 = UP ? 2 * g : g, lr1 = UP ? 2 * g + 1 : g + 8;
+  const uint32_t ring_at = static_cast<uint32_t>(__cvta_generic_to_shared(&ring[warp][0][0][0]));
+  const uint32_t sc_at = static_cast<uint32_t>(__cvta_generic_to_shared(&sc[warp][0][0][0]));
+  uint32_t rd[2][2];
+#pragma unroll
+  for (int c = 0; c < 2; ++c) {
+    rd[c][0] = opaque(ring_at + lr0 * 128 + ((c * 4 + lane4) ^ row_swz(lr0)) * 16);
+    rd[c][1] = opaque(ring_at + lr1 * 128 + ((c * 4 + lane4) ^ row_swz(lr1)) * 16);
+  }
+  const uint32_t rs0 = opaque(sc_at + lr0 * 16 + lane4 * 2), rs1 = opaque(sc_at + lr1 * 16 + lane4 * 2);
+  pdl_wait();  // the activations below come from the previous launch
+  const __nv_bfloat16* xp = opaque(xrow + warp * 2 * kChunk + lane4 * 32);  // chunk 2 sp of the warp's first stage
+  const __nv_bfloat16* const xr[1] = {xrow};
+  const bool ok[1] = {true};
+  for (int i = 0; warp + kWarps * i < n_stages; ++i) {
+    const int sp = warp + kWarps * i;
+    const bool full = 2 * sp + 1 < n_chunks;
+    uint32_t xv[2][16];  // chunk 1's only where it exists: its products are skipped otherwise
+#pragma unroll
+    for (int c = 0; c < 2; ++c)
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        if (c == 0 || full) {
+          const uint4 v = __ldg(reinterpret_cast<const uint4*>(xp + c * kChunk) + q);
+          xv[c][4 * q] = v.x;
+          xv[c][4 * q + 1] = v.y;
+          xv[c][4 * q + 2] = v.z;
+          xv[c][4 * q + 3] = v.w;
+        }
+      }
+    xp += kWarps * 2 * kChunk;
+    const uint32_t so = (i % S) * kStage, sso = (i % S) * kScStage;
+    cp_async_wait<S - 2>();
+    __syncwarp();  // lanes read rows other lanes copied
+    WChunk<true> ch[2];
+#pragma unroll
+    for (int c = 0; c < 2; ++c) {
+      ch[c].w[0] = lds128(rd[c][0] + so);
+      ch[c].w[1] = lds128(rd[c][1] + so);
+      ch[c].s[0] = lds16(rs0 + sso + 8 * c);
+      ch[c].s[1] = lds16(rs1 + sso + 8 * c);
+    }
+    __syncwarp();  // before the stage is refilled
+    issue();
+    compute_chunk<true, 1, true>(acc, acc2, ch[0], xr, ok, kRowSpan * sp, lane4, xv[0]);
+    if (full) compute_chunk<true, 1, true>(acc, acc2, ch[1], xr, ok, kRowSpan * sp + 1, lane4, xv[1]);
+  }
+  cp_async_wait<0>();
+}
+
 // A routed tile's products through the row ring: the CTA's warps take stages (2 chunks) in turn, each
 // keeping S - 1 stages in flight. codes / scales point at the tile's first row.
 template <int NT, bool UP>
@@ -491,6 +634,10 @@ __device__ __forceinline__ void row_ring_products(const uint8_t* codes, int64_t 
   static_assert(S >= 2, "the row ring needs two stages");
   __shared__ uint4 ring[kWarps][S][16][8];
   __shared__ uint2 sc[kWarps][S][16][2];
+  if constexpr (NT == 1 && MOE_LEAN) {
+    row_ring_lean<S, UP>(ring, sc, codes, s_cr, scales, s_sr, n_chunks, warp, lane, g, lane4, xrow[0], acc, acc2);
+    return;
+  }
   const int n_stages = (n_chunks + kRowSpan - 1) / kRowSpan;
   const int lr0 = UP ? 2 * g : g, lr1 = UP ? 2 * g + 1 : g + 8;
   auto issue = [&](int sp, int st) {
