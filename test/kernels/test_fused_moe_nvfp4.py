@@ -194,6 +194,12 @@ CUDA_CASES = [
     ((12, 0, 3, 640, 384, 3), CudaTiles(nt=1, lean=1)),
     ((33, 2, 6, 512, 256, 5), CudaTiles(nt=1, row_ring=3, lean=1, sink_stream=0, split_sinks=0)),
     ((9, 1, 4, 256, 512, 40), CudaTiles(nt=2, lean=1)),
+    # ... in CTAs of one or two warps (a warp's stages cover all of K, or half)
+    ((8, 2, 6, 6144, 3072, 1), CudaTiles(nt=1, lean=1, warps=1, row_ring=3)),
+    ((8, 2, 6, 6144, 3072, 64), CudaTiles(nt=1, lean=1, warps=2, row_ring=3)),
+    ((12, 0, 3, 640, 384, 3), CudaTiles(nt=1, lean=1, warps=1, row_ring=2)),
+    ((33, 2, 6, 512, 256, 5), CudaTiles(nt=1, lean=1, warps=2, row_ring=3, sink_stream=0, split_sinks=0)),
+    ((9, 1, 4, 256, 512, 40), CudaTiles(nt=2, lean=1, warps=1, row_ring=3)),
 ]
 
 

@@ -775,7 +775,7 @@ __global__ void __launch_bounds__(kWarps * 32) moe_w4a16_kernel(Args a, Blocks b
 #endif
   const int rt = blockIdx.x;  // 16-row tile
   const int blk = b.block_lo + blockIdx.y;
-  __shared__ float red[kWarps - 1][NT * 4][32];  // the other warps' partial tiles
+  __shared__ float red[kWarps > 1 ? kWarps - 1 : 1][NT * 4][32];  // the other warps' partial tiles
   if constexpr (PATHS == 1) {
     tile<true, NT, UP, DEPTH>(a, b, blk, rt, warp, lane >> 2, lane & 3, red);
   } else if constexpr (PATHS == 2) {
