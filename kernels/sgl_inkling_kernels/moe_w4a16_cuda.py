@@ -54,7 +54,9 @@ class CudaTiles:
     depth: int = 4
     kernel_sink_max: int = 8
     l2: int = 256
-    warps: int = 4
+    warps: int = 2  # H200 at b6a5ab8 with lean and a 3-stage row ring: 2 warps a CTA 118.9 / 489.3 / 2331 us
+    # at batch 1 / 8 / 64, 1 warp 126.1 / 490.3 / 2342, 4 warps (367a5c6) 121.3 / 519.9 / 2490: a warp's loop
+    # over half of K amortises its prologue and the partial-tile reduction (results/diagnostics/moe_lean_b6a5ab8)
     dual_acc: int = 1
     x_prefetch: int = 0
     cp_async: int = 8  # H200 sweep at 554ba14: the ring with split launches is fastest summed over
@@ -74,10 +76,15 @@ class CudaTiles:
     # 597.3 / 2557 against the chunk ring's 147.9 / 600.1 / 2594: the default since. The chunk ring
     # (row_ring=0, cp_async above) stays as the fallback. A ring of the same stages filled by bulk copies
     # (cp.async.bulk, mbarriers) was slower there, 185 / 900 / 3919 us with 4 stages, and was removed.
-    row_ring: int = 4
+    # With lean (below) fewer stages in flight are faster: at b6a5ab8 (2 warps) 3 stages 118.9 / 489.3 / 2331 us,
+    # 2 stages 123.2 / 489.3 / 2344, 4 stages 120.6 / 492.6 / 2379 (4 warps at 367a5c6: 3 stages 121.3 / 519.9 /
+    # 2490, 4 stages 125.3 / 540.7 / 2598, 5 stages 127.9 / 577.8 / 2654).
+    row_ring: int = 3
     # lean: the row ring's loop for one column tile (every decode batch) with its addresses hoisted
     # (csrc row_ring_lean): the same copies and products in about 455 instructions a stage against 599.
-    lean: int = 0
+    # The default since b6a5ab8 (with 2 warps and 3 stages, above): the fused MoE at 118.9 / 489.3 / 2331 us
+    # at batch 1 / 8 / 64 against 131.4 / 564.5 / 2593 for the build before it (4 warps, 4 stages, no lean).
+    lean: int = 1
     # What limits the row ring (Nsight Compute at f93a6c1, results/ncu_moe_w4a16_bs64_e256.txt: the up launch
     # at batch 64 over 256 experts, the steady state): instruction issue, not memory. Issue slots 75.7% busy
     # (3.04 IPC), the ALU pipe (LOP3 / PRMT of the decode) 64.7%, DRAM 58%; 4.57 instructions per routed

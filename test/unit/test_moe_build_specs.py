@@ -35,8 +35,8 @@ def test_c_spec_names_every_field_in_order():
     want = CudaTiles(nt=2, depth=8, kernel_sink_max=4, l2=128, warps=8, dual_acc=0, x_prefetch=1, cp_async=0,
                      split_sinks=0, one_launch_max=3, sink_stream=0, pdl=1, row_ring=3, lean=1)  # fmt: skip
     assert tiles == want and asm == [] and batches == [1, 8]
-    assert parse_tiles("c:1,4,8,256,4,1,0,8,1,1,1,0,4,0")[0] == CudaTiles(nt=1, lean=0)
-    assert parse_tiles("c:1,4,8,256,4,1,0,8,1,1,1,0,0,0")[0] == CudaTiles(nt=1, row_ring=0, lean=0)
+    assert parse_tiles("c:1,4,8,256,2,1,0,8,1,1,1,0,3,1")[0] == CudaTiles(nt=1)  # the shipped build
+    assert parse_tiles("c:1,4,8,256,4,1,0,8,1,1,1,0,4,0")[0] == CudaTiles(nt=1, warps=4, row_ring=4, lean=0)
 
 
 @pytest.mark.parametrize("body,why", [
@@ -51,8 +51,8 @@ def test_c_spec_of_another_field_list_is_refused(body, why):
 
 
 @pytest.mark.parametrize("script,rest", [
-    ("gpu_all.sh", [CudaTiles(nt=1, row_ring=0)]),
-    ("gpu_moe_nvfp4.sh", [CudaTiles(nt=1, row_ring=0), CudaTiles(nt=1, row_ring=3)]),
+    ("gpu_all.sh", [CudaTiles(nt=1, warps=4, row_ring=4, lean=0)]),
+    ("gpu_moe_nvfp4.sh", [CudaTiles(nt=1, warps=4, row_ring=4, lean=0), CudaTiles(nt=1, row_ring=0)]),
 ])  # fmt: skip
 def test_gpu_sweeps_are_the_builds_they_name(script, rest):
     builds = [parse_tiles(s)[0] for s in sweep(script)]
