@@ -106,3 +106,32 @@ def test_serving_with_and_without_mixed_chunk_are_two_tables_with_back_to_back(t
     assert "back-to-back tok/s" in text
     assert "| 2100.0 |" in on and "| 2060.0 | 1.02 | 0.50 |" in on
     assert "| 1290.0 |" in off and "| 2060.0 | 0.63 | 0.50 |" in off
+
+
+def _moe_doc(default_build: dict, variants: list[tuple[dict, float]]) -> dict:
+    """A bench_moe_nvfp4 file of one batch size: the default dispatch at 1.0 ms beside CUDA variants."""
+    def row(tiles, ms):
+        return {"tiles": tiles, "ms": ms, "tb_s": 0.4 / ms, "fraction_of_4.3": 0.4 / ms / 4.3,
+                "routed_only_tb_s": 0.2 / ms, "sinks_only_tb_s": 0.2 / ms}
+    return {"benchmark": "bench_moe_nvfp4", "gpu": "H200", "git_commit": "abc", "timestamp": "t",
+            "config": {"hidden": 8, "inter": 4, "experts": 2, "top_k": 1, "sinks": 1}, "bf16_linear_read_tb_s": 4.0,
+            "default_build": default_build,
+            "results": [{"batch_size": 1, "distinct_experts_per_call": 1.0, "bytes_routed_plus_sinks": 4e8,
+                         "variants": [row({"path": "default dispatch"}, 1.0)] + [row(t, ms) for t, ms in variants]}]}
+
+
+def test_moe_table_shows_the_shipped_build_where_the_run_timed_it_as_a_variant():
+    from benchmark.moe_build import parse
+    from benchmark.results_table import moe_table
+
+    shipped = {"path": "cuda", **vars(parse(""))}
+    older = {**shipped, "warps": 4, "row_ring": 4, "lean": 0}  # a run whose default was another build
+    other = {**shipped, "row_ring": 0}
+    got = moe_table(_moe_doc(older, [(other, 0.9), (shipped, 0.5)]))
+    assert "| 1 | 1.0 | 400 | 500.0 |" in got and "the shipped build" in got
+    # the run's default is the shipped build: its default dispatch row
+    got = moe_table(_moe_doc({k: v for k, v in shipped.items() if k != "path"}, [(other, 0.9)]))
+    assert "| 1 | 1.0 | 400 | 1000.0 |" in got and "the shipped build" not in got
+    # an older default, but the shipped build was not among the variants: the default dispatch row
+    got = moe_table(_moe_doc(older, [(other, 0.9)]))
+    assert "| 1 | 1.0 | 400 | 1000.0 |" in got
