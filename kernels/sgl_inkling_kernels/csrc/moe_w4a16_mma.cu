@@ -497,26 +497,27 @@ __device__ __forceinline__ WChunk<true> row_chunk(const uint4 (&ring)[kWarps][S]
 }
 
 // A value the compiler must keep in a register: it can no longer recompute it from what it was
-// computed from (without this, ptxas rematerialises every hoisted address inside the loop).
-__device__ __forceinline__ uint32_t opaque(uint32_t v) {
+// computed from (without this, ptxas rematerialises every hoisted address inside the loop). These
+// helpers serve row_ring_lean alone (maybe_unused: builds without it reference none of them).
+[[maybe_unused]] __device__ __forceinline__ uint32_t opaque(uint32_t v) {
   asm volatile("mov.b32 %0, %0;" : "+r"(v));
   return v;
 }
 
 template <typename T>
-__device__ __forceinline__ const T* opaque(const T* p) {
+[[maybe_unused]] __device__ __forceinline__ const T* opaque(const T* p) {
   asm volatile("mov.b64 %0, %0;" : "+l"(p));
   return p;
 }
 
 // Shared-memory reads at a 32-bit address; volatile so that they stay between the __syncwarps.
-__device__ __forceinline__ uint4 lds128(uint32_t at) {
+[[maybe_unused]] __device__ __forceinline__ uint4 lds128(uint32_t at) {
   uint4 v;
   asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(at));
   return v;
 }
 
-__device__ __forceinline__ uint16_t lds16(uint32_t at) {
+[[maybe_unused]] __device__ __forceinline__ uint16_t lds16(uint32_t at) {
   uint16_t v;
   asm volatile("ld.shared.u16 %0, [%1];" : "=h"(v) : "r"(at));
   return v;
