@@ -139,8 +139,8 @@ __device__ __forceinline__ void pdl_wait() {
 #endif
 
 // (maybe_unused: a build whose FP4 stream takes another path references neither of these two)
-[[maybe_unused]] __device__ __forceinline__ void cp_async16(void* dst, const void* src) {
-  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+// (_at: the shared-memory destination as its 32-bit address)
+[[maybe_unused]] __device__ __forceinline__ void cp_async16_at(uint32_t d, const void* src) {
 #if MOE_L2_PREFETCH == 256
   asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16;" ::"r"(d), "l"(src));
 #elif MOE_L2_PREFETCH == 128
@@ -148,6 +148,10 @@ __device__ __forceinline__ void pdl_wait() {
 #else
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d), "l"(src));
 #endif
+}
+
+[[maybe_unused]] __device__ __forceinline__ void cp_async16(void* dst, const void* src) {
+  cp_async16_at(static_cast<uint32_t>(__cvta_generic_to_shared(dst)), src);
 }
 
 [[maybe_unused]] __device__ __forceinline__ void cp_async4(void* dst, const void* src) {
@@ -445,9 +449,12 @@ constexpr int kRowSpan = 2;  // chunks per row-ring stage
 
 __device__ __forceinline__ int row_swz(int lr) { return ((lr ^ (lr >> 1)) & 1) << 2; }
 
-__device__ __forceinline__ void cp_async8(void* dst, const void* src) {
-  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+[[maybe_unused]] __device__ __forceinline__ void cp_async8_at(uint32_t d, const void* src) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"(d), "l"(src));
+}
+
+__device__ __forceinline__ void cp_async8(void* dst, const void* src) {
+  cp_async8_at(static_cast<uint32_t>(__cvta_generic_to_shared(dst)), src);
 }
 
 template <int S>
@@ -481,20 +488,6 @@ __device__ __forceinline__ WChunk<true> row_chunk(const uint4 (&ring)[kWarps][S]
 #ifndef MOE_LEAN  // row ring, one column tile: the stage loop with its addresses hoisted (row_ring_lean)
 #define MOE_LEAN 0
 #endif
-
-[[maybe_unused]] __device__ __forceinline__ void cp_async16_at(uint32_t dst, const void* src) {
-#if MOE_L2_PREFETCH == 256
-  asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16;" ::"r"(dst), "l"(src));
-#elif MOE_L2_PREFETCH == 128
-  asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16;" ::"r"(dst), "l"(src));
-#else
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(src));
-#endif
-}
-
-[[maybe_unused]] __device__ __forceinline__ void cp_async8_at(uint32_t dst, const void* src) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"(dst), "l"(src));
-}
 
 // A value the compiler must keep in a register: it can no longer recompute it from what it was
 // computed from (without this, ptxas rematerialises every hoisted address inside the loop). These
