@@ -48,7 +48,8 @@ class CudaTiles:
     gate/up launch finishes (Hopper); row_ring, stages of a per-warp shared-memory ring whose copies
     cover whole 128-byte row spans (two chunks a stage) in place of the cp.async chunk ring and the
     register ring (0: off, cp_async and depth then pick between those two). The row ring copies 8-byte
-    scale segments: scale tensors without 8-byte aligned rows take the chunk ring (ring_for)."""
+    scale segments: scale tensors without 8-byte aligned rows take the chunk ring (ring_for); lean, the
+    row ring's loop for one column tile with every lane's addresses set once (csrc row_ring_lean)."""
 
     nt: int = 1
     depth: int = 4
