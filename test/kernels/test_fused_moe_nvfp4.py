@@ -175,26 +175,28 @@ CUDA_CASES = [
     ((8, 2, 6, 6144, 3072, 1), CudaTiles(row_ring=0, nt=1, pdl=1)),
     ((17, 2, 6, 1024, 512, 100), CudaTiles(row_ring=0, nt=4, pdl=1, sink_stream=0, split_sinks=1)),
     ((9, 1, 4, 256, 384, 5), CudaTiles(row_ring=0, nt=1, depth=2, x_prefetch=1, cp_async=0, pdl=1, sink_stream=0)),
-    # the row ring (the default: copies of whole 128-byte row spans): batch 1 and 64 at full width, the
-    # sinks in the kernel, 2 / 4 / 8 column tiles (the ring clamped to the shared memory), odd chunk
-    # counts (H 640, I 384 as under TP 8: a half last stage)
-    ((8, 2, 6, 6144, 3072, 1), CudaTiles(nt=1, row_ring=4)),
-    ((8, 2, 6, 6144, 3072, 64), CudaTiles(nt=1, row_ring=4)),
-    ((8, 2, 6, 6144, 384, 1), CudaTiles(nt=1, row_ring=4)),
-    ((33, 2, 6, 512, 256, 5), CudaTiles(nt=1, row_ring=3, sink_stream=0, split_sinks=0)),
-    ((9, 1, 4, 256, 512, 40), CudaTiles(nt=2, row_ring=5)),
-    ((17, 2, 6, 1024, 512, 100), CudaTiles(nt=4, row_ring=5)),
-    ((5, 2, 2, 512, 256, 64), CudaTiles(nt=8, row_ring=5)),
-    ((12, 0, 3, 640, 384, 3), CudaTiles(nt=1, row_ring=4)),
-    # the row ring's lean loop (one column tile; more tiles keep the generic loop): full width at batch
-    # 1 and 64, half last stages (I 384; H 640), the sinks in the kernel, 2 tiles, a 3-stage ring
-    ((8, 2, 6, 6144, 3072, 1), CudaTiles(nt=1, lean=1)),
-    ((8, 2, 6, 6144, 3072, 64), CudaTiles(nt=1, lean=1)),
-    ((8, 2, 6, 6144, 384, 1), CudaTiles(nt=1, lean=1)),
-    ((12, 0, 3, 640, 384, 3), CudaTiles(nt=1, lean=1)),
-    ((33, 2, 6, 512, 256, 5), CudaTiles(nt=1, row_ring=3, lean=1, sink_stream=0, split_sinks=0)),
-    ((9, 1, 4, 256, 512, 40), CudaTiles(nt=2, lean=1)),
-    # ... in CTAs of one or two warps (a warp's stages cover all of K, or half)
+    # the row ring's generic loop in CTAs of 4 warps (the default before the lean loop; copies of whole
+    # 128-byte row spans): batch 1 and 64 at full width, the sinks in the kernel, 2 / 4 / 8 column tiles
+    # (the ring clamped to the shared memory), odd chunk counts (H 640, I 384 as under TP 8: a half last
+    # stage)
+    ((8, 2, 6, 6144, 3072, 1), CudaTiles(nt=1, row_ring=4, warps=4, lean=0)),
+    ((8, 2, 6, 6144, 3072, 64), CudaTiles(nt=1, row_ring=4, warps=4, lean=0)),
+    ((8, 2, 6, 6144, 384, 1), CudaTiles(nt=1, row_ring=4, warps=4, lean=0)),
+    ((33, 2, 6, 512, 256, 5), CudaTiles(nt=1, row_ring=3, warps=4, lean=0, sink_stream=0, split_sinks=0)),
+    ((9, 1, 4, 256, 512, 40), CudaTiles(nt=2, row_ring=5, warps=4)),
+    ((17, 2, 6, 1024, 512, 100), CudaTiles(nt=4, row_ring=5, warps=4)),
+    ((5, 2, 2, 512, 256, 64), CudaTiles(nt=8, row_ring=5, warps=4)),
+    ((12, 0, 3, 640, 384, 3), CudaTiles(nt=1, row_ring=4, warps=4, lean=0)),
+    # the lean loop (one column tile; more tiles keep the generic loop) in CTAs of 4 warps: full width at
+    # batch 1 and 64, half last stages (I 384; H 640), the sinks in the kernel, 2 tiles, a 3-stage ring
+    ((8, 2, 6, 6144, 3072, 1), CudaTiles(nt=1, lean=1, warps=4, row_ring=4)),
+    ((8, 2, 6, 6144, 3072, 64), CudaTiles(nt=1, lean=1, warps=4, row_ring=4)),
+    ((8, 2, 6, 6144, 384, 1), CudaTiles(nt=1, lean=1, warps=4, row_ring=4)),
+    ((12, 0, 3, 640, 384, 3), CudaTiles(nt=1, lean=1, warps=4, row_ring=4)),
+    ((33, 2, 6, 512, 256, 5), CudaTiles(nt=1, row_ring=3, lean=1, warps=4, sink_stream=0, split_sinks=0)),
+    ((9, 1, 4, 256, 512, 40), CudaTiles(nt=2, lean=1, warps=4, row_ring=4)),
+    # ... in CTAs of one or two warps (a warp's stages cover all of K, or half; 2 warps and 3 stages are
+    # the shipped build, which the first two cases, tiles None, also take)
     ((8, 2, 6, 6144, 3072, 1), CudaTiles(nt=1, lean=1, warps=1, row_ring=3)),
     ((8, 2, 6, 6144, 3072, 64), CudaTiles(nt=1, lean=1, warps=2, row_ring=3)),
     ((12, 0, 3, 640, 384, 3), CudaTiles(nt=1, lean=1, warps=1, row_ring=2)),
