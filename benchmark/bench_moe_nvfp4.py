@@ -33,6 +33,7 @@ from sgl_inkling_kernels.fused_moe_nvfp4 import Tiles, fused_moe_nvfp4  # noqa: 
 from sgl_inkling_kernels.moe_nvfp4_gemv import GemvTiles  # noqa: E402
 from sgl_inkling_kernels.moe_w4a16_cuda import SINK_PATHS, CudaTiles, set_sink_path  # noqa: E402
 from sgl_inkling_kernels.nvfp4 import dequantize_nvfp4  # noqa: E402
+from sgl_inkling_kernels.nvfp4_layout import to_mma_layout  # noqa: E402
 
 PEAK_TBS = 4.3
 
@@ -134,9 +135,13 @@ def tiles_doc(tiles) -> dict:
     return {"path": path, **tiles.__dict__}
 
 
-def run_variant(args, tiles, asm, xs, idss, wts, gam, foreign, w13, w2, sw13, sw2, bf13, bf2) -> dict:
-    """ms per call: routed + sinks, routed alone, sinks alone (every routed id foreign); the error vs BF16."""
-    kw = dict(tiles=tiles, asm=asm)
+def run_variant(args, tiles, asm, xs, idss, wts, gam, foreign, ws, sw13, sw2, bf13, bf2) -> dict:
+    """ms per call: routed + sinks, routed alone, sinks alone (every routed id foreign); the error vs BF16.
+    ws: the routed experts per code layout; the GEMVs read the checkpoint's, the rest the mma layout
+    (what serving holds on the GPU)."""
+    layout = "checkpoint" if isinstance(tiles, GemvTiles) else "mma"
+    w13, w2 = ws[layout]
+    kw = dict(tiles=tiles, asm=asm, layout=layout)
 
     def full(c):
         return fused_moe_nvfp4(xs[c], *w13, *w2, idss[c], wts[c], sw13, sw2, gam, **kw)
@@ -153,7 +158,7 @@ def run_variant(args, tiles, asm, xs, idss, wts, gam, foreign, w13, w2, sw13, sw
     return v
 
 
-def run_batch(args, bs, gen, w13, w2, sw13, sw2, bf13, bf2) -> dict:
+def run_batch(args, bs, gen, ws, sw13, sw2, bf13, bf2) -> dict:
     """Every tile variant at one batch size, plus the BF16 fused_moe on the same routing."""
     h, i, n_exp, k, n_s = args.hidden, args.inter, args.experts, args.top_k, args.sinks
     routed_bytes = 3 * h * i * (0.5 + 1 / 16)  # per distinct expert: codes + block scales
@@ -172,7 +177,7 @@ def run_batch(args, bs, gen, w13, w2, sw13, sw2, bf13, bf2) -> dict:
             continue
         for asm in asms or args.asm:
             try:
-                v = run_variant(args, tiles, bool(asm), xs, idss, wts, gam, foreign, w13, w2, sw13, sw2, bf13, bf2)
+                v = run_variant(args, tiles, bool(asm), xs, idss, wts, gam, foreign, ws, sw13, sw2, bf13, bf2)
             except Exception as exc:  # a variant that does not compile must not lose the others
                 print(f"bs {bs:3d} {spec or 'default'} asm={asm}: FAILED {exc!r}"[:2000], flush=True)
                 row["variants"].append({"tiles": tiles_doc(tiles), "asm": bool(asm), "error": repr(exc)[:2000]})
@@ -256,7 +261,8 @@ def main() -> None:
             sl = slice(a, a + 16)
             bf13[sl] = dequantize_nvfp4(w13[0][sl], w13[1][sl], w13[2][sl], torch.bfloat16)
             bf2[sl] = dequantize_nvfp4(w2[0][sl], w2[1][sl], w2[2][sl], torch.bfloat16)
-    results = [run_batch(args, bs, gen, w13, w2, sw13, sw2, bf13, bf2) for bs in args.batch_sizes]
+    ws = {"checkpoint": (w13, w2), "mma": tuple((to_mma_layout(w[0]), *w[1:]) for w in (w13, w2))}
+    results = [run_batch(args, bs, gen, ws, sw13, sw2, bf13, bf2) for bs in args.batch_sizes]
     import triton
 
     commit, dirty = git_commit()

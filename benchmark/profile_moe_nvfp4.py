@@ -20,6 +20,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "kernels")]
 from benchmark.bench_moe_nvfp4 import quantized  # noqa: E402
 from benchmark.moe_build import apply as apply_moe_build  # noqa: E402
 from sgl_inkling_kernels.fused_moe_nvfp4 import Tiles, fused_moe_nvfp4  # noqa: E402
+from sgl_inkling_kernels.nvfp4_layout import to_mma_layout  # noqa: E402
 
 
 def main() -> None:
@@ -34,7 +35,7 @@ def main() -> None:
     apply_moe_build(args.moe_build)
     h, i, e, k, s, t = 6144, 3072, args.experts, 6, 2, args.batch_size
     gen = torch.Generator(device="cuda").manual_seed(0)
-    w13, w2 = quantized(e, 2 * i, h, gen), quantized(e, h, i, gen)
+    w13, w2 = ((to_mma_layout(c), sc, s2) for c, sc, s2 in (quantized(e, 2 * i, h, gen), quantized(e, h, i, gen)))
     sw13 = (torch.randn(s, 2 * i, h, generator=gen, device="cuda") * h**-0.5).bfloat16()
     sw2 = (torch.randn(s, h, i, generator=gen, device="cuda") * i**-0.5).bfloat16()
     x = torch.randn(t, h, generator=gen, device="cuda").bfloat16()
@@ -43,7 +44,7 @@ def main() -> None:
     gam = torch.rand(t, s, generator=gen, device="cuda").bfloat16()
     tiles = Tiles(*map(int, args.tiles.split(","))) if args.tiles else None
     for _ in range(3):
-        fused_moe_nvfp4(x, *w13, *w2, ids, wts, sw13, sw2, gam, tiles=tiles)
+        fused_moe_nvfp4(x, *w13, *w2, ids, wts, sw13, sw2, gam, tiles=tiles, layout="mma")
     torch.cuda.synchronize()
 
 

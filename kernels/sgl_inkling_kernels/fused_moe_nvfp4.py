@@ -1,7 +1,8 @@
 """Fused MoE with NVFP4 routed experts (W4A16) and BF16 sink experts, one launch per projection.
 
 The routed experts' packed e2m1 codes and fp8 block scales stream from HBM in the checkpoint's own
-layout and are expanded to bf16 in registers (nvfp4_decode); bf16 MMA with fp32 accumulation, the
+layout (or its bits rearranged inside each word, nvfp4_layout's mma layout) and are expanded to bf16
+in registers (nvfp4_decode); bf16 MMA with fp32 accumulation, the
 per-expert scale2 applied to the accumulator. The sink ("shared") experts are BF16 programs of
 the same two launches, placed first in the grid: they are the heaviest programs, so the light
 routed ones fill in behind them instead of leaving a tail. Launches: moe_align (routed pairs
@@ -33,6 +34,7 @@ from sgl_inkling_kernels.fused_moe import chunk_cap, default_block_m, moe_align,
 from sgl_inkling_kernels.moe_launch import launch_up_down
 from sgl_inkling_kernels.moe_nvfp4_gemv import INTERPRETER_GEMV_TILES, GemvTiles, moe_nvfp4_gemv
 from sgl_inkling_kernels.moe_w4a16_cuda import CudaTiles, default_cuda_tiles, moe_w4a16_decode, usable
+from sgl_inkling_kernels.nvfp4_layout import check_layout
 from sgl_inkling_kernels.w4a16_steps import down_step, up_step
 
 
@@ -60,7 +62,7 @@ def _up_kernel(
     X, C13, S13, G13, SW13, Pairs, BlockExpert, Act,
     s_xt, s_ce, s_cr, s_se, s_sr, s_we, s_wr, s_at, H, N_INTER, num_pairs, T, n_sink_blocks,
     TOPK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, KB: tl.constexpr, BK_S: tl.constexpr,
-    ASM: tl.constexpr, HW_FP8: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr,
+    ASM: tl.constexpr, HW_FP8: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr, MMA: tl.constexpr,
 ):  # fmt: skip
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
@@ -88,10 +90,10 @@ def _up_kernel(
         full = (H // 2) // KB * KB  # code bytes in whole K steps; the rest is one masked step
         for kb0 in range(0, full, KB):
             acc_g, acc_u = up_step(acc_g, acc_u, x_row, valid, c_ptr, s_ptr, offs_n, n_ok, s_cr, s_sr, kb0, H // 2,
-                                    KB, False, ASM, HW_FP8, UPCAST, PREC)  # fmt: skip
+                                    KB, False, ASM, HW_FP8, UPCAST, PREC, MMA)  # fmt: skip
         if full < H // 2:
             acc_g, acc_u = up_step(acc_g, acc_u, x_row, valid, c_ptr, s_ptr, offs_n, n_ok, s_cr, s_sr, full, H // 2,
-                                    KB, True, ASM, HW_FP8, UPCAST, PREC)  # fmt: skip
+                                    KB, True, ASM, HW_FP8, UPCAST, PREC, MMA)  # fmt: skip
         post = tl.load(G13 + e) * (128.0 if ASM else 1.0)  # the asm path's 2^-7
         acc_g *= post
         acc_u *= post
@@ -105,7 +107,7 @@ def _down_kernel(
     Act, C2, S2, G2, SW2, Pairs, BlockExpert, Weights, SinkWeights, Out,
     s_at, s_ce, s_cr, s_se, s_sr, s_we, s_wr, s_gt, s_ot, s_os, H, N_INTER, num_pairs, T, n_sink_blocks,
     TOPK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, KB: tl.constexpr, BK_S: tl.constexpr,
-    ASM: tl.constexpr, HW_FP8: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr,
+    ASM: tl.constexpr, HW_FP8: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr, MMA: tl.constexpr,
 ):  # fmt: skip
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
@@ -132,10 +134,10 @@ def _down_kernel(
         full = (N_INTER // 2) // KB * KB
         for kb0 in range(0, full, KB):
             acc = down_step(acc, a_row, valid, c_ptr, s_ptr, offs_n, n_ok, s_cr, s_sr, kb0, N_INTER // 2, KB, False,
-                             ASM, HW_FP8, UPCAST, PREC)  # fmt: skip
+                             ASM, HW_FP8, UPCAST, PREC, MMA)  # fmt: skip
         if full < N_INTER // 2:
             acc = down_step(acc, a_row, valid, c_ptr, s_ptr, offs_n, n_ok, s_cr, s_sr, full, N_INTER // 2, KB, True,
-                             ASM, HW_FP8, UPCAST, PREC)  # fmt: skip
+                             ASM, HW_FP8, UPCAST, PREC, MMA)  # fmt: skip
         gate = tl.load(Weights + arow, mask=valid, other=0.0).to(tl.float32)
         gate *= tl.load(G2 + e) * (128.0 if ASM else 1.0)  # the asm path's 2^-7
         slot = arow % TOPK
@@ -238,27 +240,36 @@ def fused_moe_nvfp4(
     max_tokens: int = 4096,
     tiles: Tiles | GemvTiles | CudaTiles | None = None,  # default: CUDA decode kernels, else default_tiles
     asm: bool | None = None,  # bf16 decode in PTX (default on the GPU for bf16 x)
+    layout: str = "checkpoint",  # of the codes: "mma" (nvfp4_layout.to_mma_layout) for the CUDA decode kernels
 ) -> torch.Tensor:
     """fused_moe(x, dequantize_nvfp4(w13..), dequantize_nvfp4(w2..), ids, weights, sinks...) without
     ever materialising the dequantized experts; [T, H] in x's dtype, summed in fp32.
 
     Long prefills go through in chunks of about `max_tokens` (token_chunks; the per-slot fp32 buffer is
-    [T, k + S, H])."""
+    [T, k + S, H]). The CUDA decode kernels read codes in the mma layout only, the GEMVs in the
+    checkpoint's only, the MMA kernels either; by default decode takes the CUDA kernels where the codes
+    are in the mma layout and they are usable, else default_tiles (GEMVs only for the checkpoint's)."""
+    mma_layout = check_layout(layout) == "mma"
     _check(x, w13, w13_scale, w13_scale2, w2, w2_scale, w2_scale2, shared_w13, shared_w2)
     x = x if x.stride(-1) == 1 else x.contiguous()
     t, k = ids.shape
     if t > chunk_cap(max_tokens):
         return over_token_chunks(x, ids, weights, shared_weights, max_tokens, lambda xc, ic, wc, sc: fused_moe_nvfp4(
             xc, w13, w13_scale, w13_scale2, w2, w2_scale, w2_scale2, ic, wc, shared_w13, shared_w2, sc, foreign_ids,
-            max_tokens=max_tokens, tiles=tiles, asm=asm))  # fmt: skip
+            max_tokens=max_tokens, tiles=tiles, asm=asm, layout=layout))  # fmt: skip
     if t == 0:
         return torch.zeros_like(x)
     n_exp, two_i, _ = w13.shape
     h, inter = x.shape[1], two_i // 2
     n_pairs = t * k
     if tiles is None:
-        cuda_decode = n_pairs <= CUDA_MAX_PAIRS_PER_EXPERT * n_exp and usable(x, h, inter)
+        cuda_decode = mma_layout and n_pairs <= CUDA_MAX_PAIRS_PER_EXPERT * n_exp and usable(x, h, inter)
         tiles = default_cuda_tiles(n_pairs, n_exp, t) if cuda_decode else default_tiles(n_pairs, n_exp)
+        if mma_layout and isinstance(tiles, GemvTiles):
+            tiles = INTERPRETER_TILES if interpreting() else Tiles()
+    if isinstance(tiles, CudaTiles) != mma_layout and not isinstance(tiles, Tiles):
+        raise ValueError(f"fused_moe_nvfp4: {type(tiles).__name__} read codes in the "
+                         f"{'mma' if isinstance(tiles, CudaTiles) else 'checkpoint'} layout, got layout={layout!r}")  # fmt: skip
     use_asm = (not interpreting() and x.dtype == torch.bfloat16) if asm is None else asm
     if use_asm and x.dtype != torch.bfloat16:
         raise ValueError("fused_moe_nvfp4: the asm decode produces bf16 weights, x must be bf16")
@@ -290,7 +301,7 @@ def fused_moe_nvfp4(
         block_m = default_block_m(n_pairs, n_exp)
         pairs, block_expert = moe_align(ids, n_exp, block_m)
         _mma(x, w13, s13, w13_scale2, w2, s2, w2_scale2, pairs, block_expert, weights, shared_w13, shared_w2, gam,
-             act, out, tiles, block_m, use_asm)  # fmt: skip
+             act, out, tiles, block_m, use_asm, mma_layout=mma_layout)  # fmt: skip
     y = torch.empty_like(x)
     block = min(next_pow2(h), 64 if interpreting() else 1024)
     _sum_slots_kernel[(t, triton.cdiv(h, block))](
@@ -300,7 +311,7 @@ def fused_moe_nvfp4(
 
 
 def _mma(x, w13, s13, g13, w2, s2, g2, pairs, block_expert, weights, sw13, sw2, gam, act, out, tiles: Tiles,
-         block_m: int, use_asm: bool, routed: bool = True) -> None:  # fmt: skip
+         block_m: int, use_asm: bool, routed: bool = True, mma_layout: bool = False) -> None:  # fmt: skip
     """The MMA kernels over the sinks (if any) and (if routed) the blocks of moe_align(ids, E, block_m);
     sinks only, the kernels still read the first block_m pairs and the first block's expert."""
     t, k = weights.shape
@@ -313,7 +324,7 @@ def _mma(x, w13, s13, g13, w2, s2, g2, pairs, block_expert, weights, sw13, sw2, 
     upcast, prec = dot_mode(x.dtype)
     blocks = n_sink_blocks + (block_expert.shape[0] if routed else 0)
     meta = dict(TOPK=k, BLOCK_M=block_m, KB=tiles.kb, BK_S=tiles.bk_sink, ASM=use_asm, HW_FP8=not interpreting(),
-                UPCAST=upcast, PREC=prec,
+                UPCAST=upcast, PREC=prec, MMA=mma_layout,
                 num_warps=tiles.warps, num_stages=tiles.stages)  # fmt: skip
     launch_up_down(_up_kernel, _down_kernel, x, w13, s13, g13, w2, s2, g2, sw13, sw2, gam, pairs, block_expert,
                    weights, act, out, n_pairs, t, n_sink_blocks, blocks, tiles.up_n, tiles.down_n, meta)  # fmt: skip

@@ -1,7 +1,8 @@
 """The decode path of fused_moe_nvfp4 on NVIDIA GPUs: W4A16 tensor-core projections in CUDA C++.
 
-csrc/moe_w4a16_mma.cu says why and how (mma.sync fragments decoded straight from the checkpoint's
-code bytes). It is built with nvcc on first use (cuda_build: seconds, cached per machine) and
+csrc/moe_w4a16_mma.cu says why and how (mma.sync fragments decoded from code words in
+nvfp4_layout's mma layout, the checkpoint's bits rearranged once at load). It is built with nvcc
+on first use (cuda_build: seconds, cached per machine) and
 called through ctypes on torch's current stream, so it is captured by CUDA graphs like any
 kernel. It runs blocks of 8 * nt (token, slot) pairs of one expert; at small batches the BF16 sink
 experts are blocks of the same kernel (one block per sink; in a launch of their own when
@@ -244,7 +245,8 @@ def ring_for(tiles: CudaTiles, s13: torch.Tensor, s2: torch.Tensor) -> CudaTiles
 def moe_w4a16_decode(x, w13, s13, g13, w2, s2, g2, ids, weights, sw13, sw2, gam, act, out,
                      tiles: CudaTiles) -> None:  # fmt: skip
     """Fill out (and act) for the routed pairs and the sinks (in the same launches when the batch
-    fits tiles.kernel_sink_max, else through cuBLAS, on a side stream with tiles.sink_stream)."""
+    fits tiles.kernel_sink_max, else through cuBLAS, on a side stream with tiles.sink_stream). The
+    codes w13, w2 are in the mma layout (nvfp4_layout.to_mma_layout)."""
     tiles = ring_for(tiles, s13, s2)
     lib = _library(tiles.defines())
     t, k = weights.shape

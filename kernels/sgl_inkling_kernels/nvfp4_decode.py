@@ -96,9 +96,10 @@ def dequant_bf16_asm(codes, scale):
 
 @triton.jit
 def nvfp4_wtile(Codes, Scales, rows, row_ok, s_cr, s_sr, kb0, KB_TOT, KB: tl.constexpr, MASK_K: tl.constexpr,
-                ASM: tl.constexpr, HW_FP8: tl.constexpr, DT: tl.constexpr):  # fmt: skip
+                ASM: tl.constexpr, HW_FP8: tl.constexpr, DT: tl.constexpr, MMA: tl.constexpr = False):  # fmt: skip
     """One K step of an NVFP4 weight, transposed for the dot: (lo, hi) [KB, len(rows)], the weights of
-    elements 2 * kb and 2 * kb + 1 for code bytes kb0 .. kb0 + KB of `rows`.
+    elements 2 * kb and 2 * kb + 1 for code bytes kb0 .. kb0 + KB of `rows`. MMA: the codes are in
+    nvfp4_layout's mma layout (decoded word by word, decode_words).
 
     Only the last, partial K step masks along K (MASK_K): a mask that varies along K stops the loads
     being vectorised, and the software pipeline only takes loads of 4 bytes or more."""
@@ -116,11 +117,31 @@ def nvfp4_wtile(Codes, Scales, rows, row_ok, s_cr, s_sr, kb0, KB_TOT, KB: tl.con
         scale = sbits.to(tl.float8e4nv, bitcast=True).to(tl.float32)[:, :, None]
     else:
         scale = fp8_e4m3_to_f32(sbits)[:, :, None]
-    if ASM:
+    if MMA:
+        lo, hi = _dequant_mma_words(codes, scale, ASM, DT)
+    elif ASM:
         lo, hi = dequant_bf16_asm(codes, scale)
     else:
         lo, hi = dequant_portable(codes, scale, DT)
     return tl.trans(tl.reshape(lo, (lo.shape[0], KB))), tl.trans(tl.reshape(hi, (hi.shape[0], KB)))
+
+
+@triton.jit
+def _dequant_mma_words(codes, scale, ASM: tl.constexpr, DT: tl.constexpr):
+    """codes uint8 [R, G, 8] in the mma layout (two words a scale block), scale fp32 [R, G, 1] -> (lo, hi)
+    [R, G, 8] in DT as dequant_bf16_asm / dequant_portable give them (elements 2j and 2j + 1 of byte j)."""
+    sh = tl.arange(0, 4) * 8
+    words = tl.sum(tl.reshape(codes.to(tl.int32), (codes.shape[0], codes.shape[1], 2, 4)) << sh[None, None, None, :],
+                   axis=3)  # fmt: skip
+    s = scale
+    if ASM:  # bf16x2 of scale * 2^119, as word_scales gives it
+        b = (scale * 6.646139978924579e35).to(tl.int32, bitcast=True)
+        s = tl.broadcast_to((b & -65536) | ((b >> 16) & 65535), words.shape)
+    e0, e1, e2, e3, e4, e5, e6, e7 = decode_words(words, s, ASM, True)
+    # [R, G, 2 words, 4]: byte j of a word holds elements 2j (lo) and 2j + 1 (hi)
+    lo = tl.reshape(tl.join(tl.join(e0, e4), tl.join(e2, e6)), codes.shape)
+    hi = tl.reshape(tl.join(tl.join(e1, e5), tl.join(e3, e7)), codes.shape)
+    return lo.to(DT), hi.to(DT)
 
 
 @triton.jit
@@ -144,9 +165,12 @@ def word_scales(s_row, kw0, KW_TOT, KW: tl.constexpr, MASK_K: tl.constexpr, ASM:
 
 
 @triton.jit
-def decode_words(words, scale, ASM: tl.constexpr):
-    """int32 words of 8 codes (nibble j = element j of the word) and their `word_scales` -> the 8
-    elements' fp32 weights e0..e7, each of the words' shape: e2m1 * scale (asm path: * 2^-7, see module doc)."""
+def decode_words(words, scale, ASM: tl.constexpr, MMA: tl.constexpr = False):
+    """int32 words of 8 codes (nibble j = element j of the word; MMA: nvfp4_layout's mma layout) and their
+    `word_scales` -> the 8 elements' fp32 weights e0..e7, each of the words' shape: e2m1 * scale (asm
+    path: * 2^-7, see module doc)."""
+    if MMA:
+        return _decode_mma_words(words, scale, ASM)
     if ASM:
         # Per word ($8) and its scale pair ($9): the same nibble-to-bf16 bits as dequant_bf16_asm, one
         # packed FMA by the scale per two weights, then each bf16 widened to fp32 (its top half).
@@ -205,3 +229,63 @@ def decode_words(words, scale, ASM: tl.constexpr):
         e6 = e2m1_to_f32((words >> 24) & 15) * scale
         e7 = e2m1_to_f32((words >> 28) & 15) * scale
     return e0, e1, e2, e3, e4, e5, e6, e7
+
+
+@triton.jit
+def _mma_lane(p, lane: tl.constexpr, scale):
+    """Element of lane `lane` of a pair's bits (magnitude at lane bits 6-8, sign at 15) times scale."""
+    mag = (p >> (6 + 16 * lane)) & 7
+    sign = (p >> (15 + 16 * lane)) & 1
+    return e2m1_to_f32((mag | (sign << 3)).to(tl.int32)) * scale
+
+
+@triton.jit
+def _decode_mma_words(words, scale, ASM: tl.constexpr):
+    """decode_words for the mma layout: pair p = (e2p, e2p+1) of a word is w & M, rotr(w, 3) & M,
+    rotr(w, 6) & M or ((w & 0x001B001B) * 0x4108) & M (nvfp4_layout.py; M = 0x81C081C0)."""
+    if ASM:
+        o = tl.inline_asm_elementwise(
+            asm="""
+            {
+            .reg .b32 t, z, r0, r1, r2, r3;
+            mov.b32 z, 0x80008000;
+            and.b32 t, $8, 0x81C081C0;
+            fma.rn.bf16x2 r0, t, $9, z;
+            shf.r.wrap.b32 t, $8, $8, 3;
+            and.b32 t, t, 0x81C081C0;
+            fma.rn.bf16x2 r1, t, $9, z;
+            shf.r.wrap.b32 t, $8, $8, 6;
+            and.b32 t, t, 0x81C081C0;
+            fma.rn.bf16x2 r2, t, $9, z;
+            and.b32 t, $8, 0x001B001B;
+            mul.lo.u32 t, t, 0x4108;
+            and.b32 t, t, 0x81C081C0;
+            fma.rn.bf16x2 r3, t, $9, z;
+            shl.b32 $0, r0, 16;
+            and.b32 $1, r0, 0xFFFF0000;
+            shl.b32 $2, r1, 16;
+            and.b32 $3, r1, 0xFFFF0000;
+            shl.b32 $4, r2, 16;
+            and.b32 $5, r2, 0xFFFF0000;
+            shl.b32 $6, r3, 16;
+            and.b32 $7, r3, 0xFFFF0000;
+            }
+            """,
+            constraints="=r,=r,=r,=r,=r,=r,=r,=r,r,r",
+            args=[words, scale],
+            dtype=(tl.int32,) * 8,
+            is_pure=True,
+            pack=1,
+        )
+        return (o[0].to(tl.float32, bitcast=True), o[1].to(tl.float32, bitcast=True),
+                o[2].to(tl.float32, bitcast=True), o[3].to(tl.float32, bitcast=True),
+                o[4].to(tl.float32, bitcast=True), o[5].to(tl.float32, bitcast=True),
+                o[6].to(tl.float32, bitcast=True), o[7].to(tl.float32, bitcast=True))  # fmt: skip
+    w = words.to(tl.int64) & 0xFFFFFFFF
+    m = 0x81C081C0
+    p0 = w & m
+    p1 = ((w >> 3) | (w << 29)) & m
+    p2 = ((w >> 6) | (w << 26)) & m
+    p3 = ((w & 0x001B001B) * 0x4108) & m
+    return (_mma_lane(p0, 0, scale), _mma_lane(p0, 1, scale), _mma_lane(p1, 0, scale), _mma_lane(p1, 1, scale),
+            _mma_lane(p2, 0, scale), _mma_lane(p2, 1, scale), _mma_lane(p3, 0, scale), _mma_lane(p3, 1, scale))  # fmt: skip

@@ -19,6 +19,7 @@ from sgl_inkling_kernels.fused_moe import fused_moe_ref  # noqa: E402
 from sgl_inkling_kernels.fused_moe_nvfp4 import INTERPRETER_TILES, Tiles, default_tiles, fused_moe_nvfp4  # noqa: E402
 from sgl_inkling_kernels.moe_nvfp4_gemv import INTERPRETER_GEMV_TILES, GemvTiles  # noqa: E402
 from sgl_inkling_kernels.moe_w4a16_cuda import CudaTiles  # noqa: E402
+from sgl_inkling_kernels.nvfp4_layout import to_mma_layout  # noqa: E402
 
 CUDA = torch.cuda.is_available()
 DEVICE = "cuda" if CUDA else "cpu"
@@ -64,6 +65,12 @@ def _problem(e, s, k, h, i, t, dtype, seed):
 def _reference(x, w13, w2, ids, weights, sw13=None, sw2=None, gam=None):
     f = lambda t: None if t is None else t.float()  # noqa: E731
     return fused_moe_ref(x.float(), decode(*w13), decode(*w2), ids, weights.float(), f(sw13), f(sw2), f(gam))
+
+
+def _mma(w):
+    """A quantized weight with its codes in the mma layout (what the GPU serves); the reference keeps
+    decoding the original codes."""
+    return (to_mma_layout(w[0]), *w[1:])
 
 
 def _assert_close(got, want, dtype):
@@ -151,6 +158,29 @@ def test_refuses_wrong_layout_naming_the_tensor():
         fused_moe_nvfp4(x, *w13, w2[0][:, :, :-1], *w2[1:], ids, weights)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("shape", [(5, 2, 2, 48, 32, 3), (7, 1, 3, 80, 48, 64)])
+def test_mma_kernels_read_the_mma_layout(shape, dtype):
+    """The MMA kernels (prefill on the GPU, where serving holds the mma layout) on codes in the mma
+    layout, and the default dispatch (which must not take the GEMVs for them): equal to the reference
+    of the original codes."""
+    x, w13, w2, ids, weights, sw13, sw2, gam = _problem(*shape, dtype, seed=17 + sum(shape))
+    want = _reference(x, w13, w2, ids, weights, sw13, sw2, gam)
+    for tiles in (MMA, None):
+        got = fused_moe_nvfp4(x, *_mma(w13), *_mma(w2), ids, weights, sw13, sw2, gam, tiles=tiles, layout="mma")
+        _assert_close(got, want, dtype)
+
+
+def test_kernels_refuse_a_code_layout_they_cannot_read():
+    x, w13, w2, ids, weights, *_ = _problem(5, 1, 2, 256, 128, 1, torch.float32, seed=4)
+    with pytest.raises(ValueError, match="GemvTiles read codes in the checkpoint layout"):
+        fused_moe_nvfp4(x, *_mma(w13), *_mma(w2), ids, weights, tiles=INTERPRETER_GEMV_TILES, layout="mma")
+    with pytest.raises(ValueError, match="CudaTiles read codes in the mma layout"):
+        fused_moe_nvfp4(x, *w13, *w2, ids, weights, tiles=CudaTiles())
+    with pytest.raises(ValueError, match="layout must be one of"):
+        fused_moe_nvfp4(x, *w13, *w2, ids, weights, layout="marlin")
+
+
 # The CUDA decode kernels (GPU only): blocks of 8 * nt pairs, 2 or 4 K chunks in flight, sinks in the
 # same launch (T <= 8), in their own launch (8 < T <= 64) or in the Triton MMA kernels (T > 64);
 # experts with more pairs than a block; H and I multiples of the 128-element chunk only.
@@ -219,7 +249,7 @@ def test_cuda_decode_matches_reference(shape, tiles):
     x, w13, w2, ids, weights, sw13, sw2, gam = _problem(*shape, torch.bfloat16, seed=5 + sum(shape))
     if not shape[1]:
         sw13 = sw2 = gam = None
-    got = fused_moe_nvfp4(x, *w13, *w2, ids, weights, sw13, sw2, gam, tiles=tiles)
+    got = fused_moe_nvfp4(x, *_mma(w13), *_mma(w2), ids, weights, sw13, sw2, gam, tiles=tiles, layout="mma")
     _assert_close(got, _reference(x, w13, w2, ids, weights, sw13, sw2, gam), torch.bfloat16)
 
 
@@ -237,10 +267,12 @@ def _graph_replays_match_reference(tiles: CudaTiles, seed: int, replay_seeds: tu
     shape = (16, 2, 6, 1024, 512, 4)
     x, w13, w2, ids, weights, sw13, sw2, gam = _problem(*shape, torch.bfloat16, seed=seed)
     static = [t.clone() for t in (x, ids, weights, gam)]
-    fused_moe_nvfp4(static[0], *w13, *w2, static[1], static[2], sw13, sw2, static[3], tiles=tiles)  # builds
+    m13, m2 = _mma(w13), _mma(w2)
+    fused_moe_nvfp4(static[0], *m13, *m2, static[1], static[2], sw13, sw2, static[3], tiles=tiles, layout="mma")
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        got = fused_moe_nvfp4(static[0], *w13, *w2, static[1], static[2], sw13, sw2, static[3], tiles=tiles)
+        got = fused_moe_nvfp4(static[0], *m13, *m2, static[1], static[2], sw13, sw2, static[3], tiles=tiles,
+                              layout="mma")  # fmt: skip
     for s in replay_seeds:
         x2, _, _, ids2, weights2, _, _, gam2 = _problem(*shape, torch.bfloat16, seed=s)
         for dst, src in zip(static, (x2, ids2, weights2, gam2)):
@@ -300,8 +332,8 @@ def test_default_build_serves_scales_off_8_byte_boundaries():
     """Scales 4 bytes into their storage, under the default build (the row ring): served (through the
     chunk ring) and equal to the reference."""
     x, w13, w2, ids, weights, *_ = _problem(8, 0, 2, 256, 384, 1, torch.bfloat16, seed=9)
-    codes, scales, scale2 = w13
-    got = fused_moe_nvfp4(x, codes, _shifted(scales, 4), scale2, *w2, ids, weights)
+    codes, scales, scale2 = _mma(w13)
+    got = fused_moe_nvfp4(x, codes, _shifted(scales, 4), scale2, *_mma(w2), ids, weights, layout="mma")
     _assert_close(got, _reference(x, w13, w2, ids, weights, None, None, None), torch.bfloat16)
 
 
@@ -315,10 +347,14 @@ def test_cuda_decode_is_the_default_and_skips_foreign_ids():
     mod.moe_w4a16_decode = lambda *a, **k: calls.append(1) or real(*a, **k)
     try:
         foreign = ids % 3 == 0
-        got = fused_moe_nvfp4(x, *w13, *w2, torch.where(foreign, 7, ids), weights, sw13, sw2, gam, foreign_ids=True)
+        got = fused_moe_nvfp4(x, *_mma(w13), *_mma(w2), torch.where(foreign, 7, ids), weights, sw13, sw2, gam,
+                              foreign_ids=True, layout="mma")  # fmt: skip
+        assert calls, "decode batches on a CUDA GPU go to the CUDA kernels"
+        calls.clear()  # the checkpoint's layout: the CUDA kernels cannot read it, the default dispatch avoids them
+        fused_moe_nvfp4(x, *w13, *w2, ids, weights, sw13, sw2, gam)
+        assert not calls
     finally:
         mod.moe_w4a16_decode = real
-    assert calls, "decode batches on a CUDA GPU go to the CUDA kernels"
     want = _reference(x, w13, w2, ids, torch.where(foreign, 0.0, weights.float()), sw13, sw2, gam)
     _assert_close(got, want, torch.bfloat16)
 

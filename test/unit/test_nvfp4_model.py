@@ -67,6 +67,25 @@ def test_prefill_logits_match_the_dequantized_reference(models):
         assert rel_err(got, want) <= 1e-5, n
 
 
+def test_experts_in_the_kernel_code_layout_give_the_same_logits(paths, models):
+    """On a GPU the loader rearranges the codes for the CUDA decode kernels (RoutedExperts.code_layout
+    "mma"); on the CPU it leaves them. Rearranged here by hand, every path that reads them (here the
+    reference experts, through the inverse) must still give the dequantized reference's logits."""
+    from sgl_inkling.models.inkling.moe import RoutedExperts, use_kernel_layouts
+    from sgl_inkling_kernels.nvfp4_layout import to_mma_layout
+
+    model = load_model(paths[0], torch.float32, "cpu", progress=False)
+    assert use_kernel_layouts(model) == 0  # CPU: the checkpoint's layout stays
+    experts = [m for m in model.modules() if isinstance(m, RoutedExperts) and m.nvfp4]
+    assert experts and all(m.code_layout == "checkpoint" for m in experts)
+    for m in experts:
+        for p in (m.w13_weight, m.w2_weight):
+            to_mma_layout(p.data, inplace=True)
+        m.code_layout = "mma"
+    got = prompt_logits(seq_runner(model), random_prompt(40, 2))
+    assert rel_err(got, prompt_logits(seq_runner(models[1]), random_prompt(40, 2))) <= 1e-5
+
+
 @pytest.fixture(scope="module")
 def greedy(models):
     return tuple(greedy_batch(m) for m in models)

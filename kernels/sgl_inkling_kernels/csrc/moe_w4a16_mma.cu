@@ -16,19 +16,22 @@
 // expert and up to 8 * NT (token, slot) columns; its warps walk K in interleaved chunks of 128
 // elements and sum their partial tiles at the end.
 //
-// Fragments straight from the checkpoint layout (no repacking): the sum over K does not care in
+// Fragments from the "mma" code layout (nvfp4_layout.py: the checkpoint's bits rearranged inside
+// each 4-byte word at load; shapes, rows and scale blocks unchanged). The sum over K does not care in
 // which order the k16 steps visit K, so in every chunk thread t (c = t % 4) takes the 32 physical
 // elements [32c, 32c + 32) of its two rows (16 code bytes per row: one 16-byte load) and its token
 // (64 bytes of activations: four loads). In k16 step j its A elements a0, a1 (logical k 2c, 2c + 1)
-// are the low nibbles of code bytes 2j, 2j + 1 (physical 4j, 4j + 2), a4, a5 (k 2c + 8, 2c + 9)
-// their high nibbles (4j + 1, 4j + 3); its B elements follow the same map. Every physical element
-// is used exactly once with its own activation and its own block scale (a thread's 32 elements span
-// the two 16-wide scale blocks 2c and 2c + 1 of the chunk).
+// are physical 4j, 4j + 1 and a4, a5 (k 2c + 8, 2c + 9) are 4j + 2, 4j + 3: consecutive pairs, which
+// are the activations' own bf16 pairs, so the B fragments are the loaded words as they are. Every
+// physical element is used exactly once with its own activation and its own block scale (a thread's
+// 32 elements span the two 16-wide scale blocks 2c and 2c + 1 of the chunk).
 //
-// Decode of a code byte pair (the trick of nvfp4_decode.py): a nibble's magnitude bits go to a
-// bf16's bits 6-8 and its sign to bit 15, which is e2m1 * 2^-126 (a subnormal for |v| < 1); one
-// bf16x2 FMA by the block scale * 2^119 makes it e2m1 * scale * 2^-7, exact in bf16; the epilogue
-// multiplies by scale2 * 2^7.
+// Decode of a code word (8 codes, 4 bf16 pairs): in the mma layout each pair of codes is one
+// rotation, or one multiply of the masked word, away from its bf16 bits (nvfp4_layout.py): a code's
+// magnitude bits at a bf16's bits 6-8 and its sign at bit 15 make e2m1 * 2^-126 (a subnormal for
+// |v| < 1); one bf16x2 FMA by the block scale * 2^119 makes it e2m1 * scale * 2^-7, exact in bf16;
+// the epilogue multiplies by scale2 * 2^7. 8 integer instructions a word, where the checkpoint's
+// layout took 14 and a byte permute for each B fragment.
 //
 // Gate/up (UP): w13 rows are interleaved (2n gate, 2n + 1 up); fragment row g of tile rt reads
 // weight row 16 rt + 2g and row g + 8 reads 16 rt + 2g + 1, so a thread holds the gate and the up of
@@ -60,24 +63,24 @@ struct Blocks {
   int n_pairs, T, topk, n_sink_blocks, block_lo;
 };
 
-__device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
-  uint32_t d;
-  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(sel));
-  return d;
-}
-
 __device__ __forceinline__ uint32_t fma_bf16x2(uint32_t a, uint32_t b) {
   uint32_t d;
   asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(0x80008000u));
   return d;
 }
 
-// Low and high nibbles of code bytes (b0, b1) = bytes `sel` of w, as bf16x2 pairs scaled by s2.
-__device__ __forceinline__ void decode_pair(uint32_t w, uint32_t sel, uint32_t s2, uint32_t& lo,
-                                            uint32_t& hi) {
-  const uint32_t p = prmt(w, 0u, sel);  // byte b0 -> low byte of lane 0, b1 -> of lane 1
-  lo = fma_bf16x2(((p << 12) | (p << 6)) & 0x81C081C0u, s2);
-  hi = fma_bf16x2(((p & 0x00F000F0u) * 260u) & 0x81C081C0u, s2);
+template <int S>
+__device__ __forceinline__ uint32_t rotr(uint32_t w) {
+  uint32_t d;
+  asm("shf.r.wrap.b32 %0, %1, %1, %2;" : "=r"(d) : "r"(w), "n"(S));
+  return d;
+}
+
+// Bf16 pair p (elements 2p, 2p + 1) of an mma-layout code word, scaled by s2 (nvfp4_layout.py).
+__device__ __forceinline__ uint32_t decode_pair(uint32_t w, int p, uint32_t s2) {
+  constexpr uint32_t kLanes = 0x81C081C0u;  // magnitude bits 6-8 and the sign bit 15 of both lanes
+  const uint32_t t = p == 0 ? w : p == 1 ? rotr<3>(w) : p == 2 ? rotr<6>(w) : (w & 0x001B001Bu) * 0x4108u;
+  return fma_bf16x2(t & kLanes, s2);
 }
 
 // fp8 e4m3 block scales (two adjacent bytes) -> bf16x2 (s * 2^119, s * 2^119) for each.
@@ -224,13 +227,6 @@ __device__ __forceinline__ WChunk<true> ring_chunk(const uint4 (&ring)[kWarps][S
   return c;
 }
 
-// The 16 words of a thread's 32 bf16 (activations or BF16 weights) -> the (4j, 4j+2), (4j+1, 4j+3)
-// pairs of step j.
-__device__ __forceinline__ void bf16_pairs(const uint32_t* v, int j, uint32_t& even, uint32_t& odd) {
-  even = prmt(v[2 * j], v[2 * j + 1], 0x5410u);
-  odd = prmt(v[2 * j], v[2 * j + 1], 0x7632u);
-}
-
 #ifndef MOE_DUAL_ACC
 #define MOE_DUAL_ACC 0
 #endif
@@ -243,16 +239,22 @@ static_assert(!(MOE_X_PREFETCH && MOE_CP_ASYNC), "the activation prefetch is for
 template <bool FP4>
 __device__ __forceinline__ void a_fragment(const WChunk<FP4>& c, int j, uint32_t sa0, uint32_t sb0, uint32_t sa1,
                                            uint32_t sb1, uint32_t (&a)[4]) {
-  if constexpr (FP4) {
+  if constexpr (FP4) {  // step j: pairs 0, 1 (j even) or 2, 3 (j odd) of code word j / 2 of each row
     const uint32_t* w0 = reinterpret_cast<const uint32_t*>(&c.w[0]);
     const uint32_t* w1 = reinterpret_cast<const uint32_t*>(&c.w[1]);
-    const uint32_t sel = (j & 1) ? 0x4342u : 0x4140u;  // bytes 2j, 2j + 1 of the segment
     const uint32_t s0 = j < 4 ? sa0 : sb0, s1 = j < 4 ? sa1 : sb1;
-    decode_pair(w0[j >> 1], sel, s0, a[0], a[2]);
-    decode_pair(w1[j >> 1], sel, s1, a[1], a[3]);
-  } else {
-    bf16_pairs(reinterpret_cast<const uint32_t*>(&c.w[0]), j, a[0], a[2]);
-    bf16_pairs(reinterpret_cast<const uint32_t*>(&c.w[4]), j, a[1], a[3]);
+    const int p = 2 * (j & 1);
+    a[0] = decode_pair(w0[j >> 1], p, s0);
+    a[2] = decode_pair(w0[j >> 1], p + 1, s0);
+    a[1] = decode_pair(w1[j >> 1], p, s1);
+    a[3] = decode_pair(w1[j >> 1], p + 1, s1);
+  } else {  // bf16 words 2j, 2j + 1 of each row's 32 elements
+    const uint32_t* w0 = reinterpret_cast<const uint32_t*>(&c.w[0]);
+    const uint32_t* w1 = reinterpret_cast<const uint32_t*>(&c.w[4]);
+    a[0] = w0[2 * j];
+    a[2] = w0[2 * j + 1];
+    a[1] = w1[2 * j];
+    a[3] = w1[2 * j + 1];
   }
 }
 
@@ -299,9 +301,7 @@ __device__ __forceinline__ void compute_chunk(float (&acc)[NT][4], float (&acc2)
       a_fragment<FP4>(c, j, sa0, sb0, sa1, sb1, a);
 #pragma unroll
       for (int i = 0; i < NT; ++i) {
-        uint32_t b0, b1;
-        bf16_pairs(xv[i], j, b0, b1);
-        mma((MOE_DUAL_ACC && (j & 1)) ? acc2[i] : acc[i], a, b0, b1);
+        mma((MOE_DUAL_ACC && (j & 1)) ? acc2[i] : acc[i], a, xv[i][2 * j], xv[i][2 * j + 1]);
       }
     }
   } else {
@@ -314,9 +314,7 @@ __device__ __forceinline__ void compute_chunk(float (&acc)[NT][4], float (&acc2)
       load_x(xrow[i], xok[i], ch, lane4, xv);
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
-        uint32_t b0, b1;
-        bf16_pairs(xv, j, b0, b1);
-        mma(acc[i], a[j], b0, b1);
+        mma(acc[i], a[j], xv[2 * j], xv[2 * j + 1]);
       }
     }
   }

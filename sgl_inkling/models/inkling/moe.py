@@ -9,6 +9,8 @@ output is then a partial sum, reduced by the decoder layer. The router is replic
 
 from __future__ import annotations
 
+import logging
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -21,8 +23,10 @@ from sgl_inkling.models.inkling.quant_config import NVFP4
 from sgl_inkling_kernels._triton import fused_decode, use_triton
 from sgl_inkling_kernels.fused_moe import fused_moe
 from sgl_inkling_kernels.nvfp4 import BLOCK, dequantize_nvfp4
+from sgl_inkling_kernels.nvfp4_layout import to_checkpoint_layout, to_mma_layout
 from sgl_inkling_kernels.router import route, route_decode
 
+logger = logging.getLogger(__name__)
 FP8 = torch.float8_e4m3fn
 # Up to this many tokens (decode batches) the router's fp32 GEMM runs split-K in our kernel, which
 # reads x in its dtype; longer inputs (prefill) go to cuBLAS on an fp32 copy.
@@ -81,7 +85,11 @@ class RoutedExperts(nn.Module):
     """This rank's routed experts, held in the checkpoint's layout: `[E_loc, 2I_loc, H]` and
     `[E_loc, H, I_loc]` in the activations' dtype, or NVFP4 (`cfg.expert_quant == "nvfp4"`): uint8
     codes with the last dim halved, fp8 block scales with it divided by 16, one fp32 scale2 per
-    expert (`w13_weight_scale`, `w13_weight_scale2`, ...; layout in sgl_inkling_kernels/nvfp4.py)."""
+    expert (`w13_weight_scale`, `w13_weight_scale2`, ...; layout in sgl_inkling_kernels/nvfp4.py).
+    After loading, on a GPU the CUDA decode kernels serve, the codes' bits are rearranged inside each
+    word (`code_layout` "mma", use_kernel_layout); shapes and shards stay the checkpoint's."""
+
+    code_layout = "checkpoint"
 
     def __init__(self, cfg: InklingTextConfig):
         super().__init__()
@@ -117,6 +125,19 @@ class RoutedExperts(nn.Module):
             declare(self, f"{name}_scale", experts, split_dim)
             declare(self, f"{name}_scale2", experts)
 
+    def use_kernel_layout(self) -> bool:
+        """Rearrange NVFP4 codes into the mma layout where the CUDA decode kernels can read them (a GPU
+        with bf16 mma, H and I_loc multiples of their 128-element chunk). Once, after loading."""
+        w13, w2 = (getattr(self, n, None) for n in ("w13_weight", "w2_weight"))
+        if not self.nvfp4 or self.code_layout == "mma" or not w13.is_cuda:
+            return False
+        if torch.cuda.get_device_capability(w13.device) < (8, 0) or (2 * w13.shape[2]) % 128 or (2 * w2.shape[2]) % 128:
+            return False
+        for p in (w13, w2):
+            to_mma_layout(p.data, inplace=True)
+        self.code_layout = "mma"
+        return True
+
     @property
     def num_local(self) -> int:
         return self.w13_weight.shape[0]
@@ -125,9 +146,12 @@ class RoutedExperts(nn.Module):
         """Local expert e's (w13, w2) in `dtype`: NVFP4 dequantized by the reference decoder."""
         if not self.nvfp4:
             return self.w13_weight[e], self.w2_weight[e]
+        codes = {n: getattr(self, n)[e : e + 1] for n in ("w13_weight", "w2_weight")}
+        if self.code_layout == "mma":
+            codes = {n: to_checkpoint_layout(c) for n, c in codes.items()}
         return tuple(
             dequantize_nvfp4(
-                getattr(self, n)[e : e + 1], getattr(self, f"{n}_scale")[e : e + 1],
+                codes[n], getattr(self, f"{n}_scale")[e : e + 1],
                 getattr(self, f"{n}_scale2")[e : e + 1], dtype,
             )[0]
             for n in ("w13_weight", "w2_weight")
@@ -150,6 +174,15 @@ class RoutedExperts(nn.Module):
             y = swiglu_interleaved(x[tok], *self.expert_weights(e, x.dtype))
             out.index_add_(0, tok, (y * weights[tok, slot, None]).to(out.dtype))
         return out
+
+
+def use_kernel_layouts(model: nn.Module) -> int:
+    """After the weights are in (loaded or dummy): NVFP4 experts the CUDA decode kernels can serve get
+    their codes in those kernels' layout (RoutedExperts.use_kernel_layout). Returns the layers changed."""
+    n = sum(m.use_kernel_layout() for m in model.modules() if isinstance(m, RoutedExperts))
+    if n:
+        logger.info("NVFP4 experts of %d layers in the CUDA decode kernels' code layout", n)
+    return n
 
 
 def _frozen(t: torch.Tensor) -> nn.Parameter:
@@ -200,7 +233,7 @@ class MoE(nn.Module):
                 return fused_moe_nvfp4(
                     x, e.w13_weight, e.w13_weight_scale, e.w13_weight_scale2,
                     e.w2_weight, e.w2_weight_scale, e.w2_weight_scale2, e.local_ids(ids), w,
-                    s.shared_w13_weight, s.shared_w2_weight, gam, foreign_ids=foreign,
+                    s.shared_w13_weight, s.shared_w2_weight, gam, foreign_ids=foreign, layout=e.code_layout,
                 )  # fmt: skip
             return fused_moe(
                 x, e.w13_weight, e.w2_weight, e.local_ids(ids), w, s.shared_w13_weight, s.shared_w2_weight, gam,

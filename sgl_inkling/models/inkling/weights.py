@@ -16,6 +16,7 @@ from tqdm import tqdm
 
 from sgl_inkling.distributed.sharding import full_shape, param_shards, slices
 from sgl_inkling.models.inkling import nvfp4_weights
+from sgl_inkling.models.inkling.moe import use_kernel_layouts
 
 logger = logging.getLogger(__name__)
 
@@ -92,6 +93,7 @@ def load_safetensors(model: nn.Module, path: str | Path, progress: bool = True) 
         raise WeightLoadError(f"checkpoint {path} is missing tensor(s) {', '.join(missing[:5])}{more}")
     if skipped:
         logger.info("skipped %d vision/audio tower tensors (multimodal off)", skipped)
+    use_kernel_layouts(model)
 
 
 def _target(name: str, nvfp4: bool) -> tuple[str | None, str | None]:
@@ -171,3 +173,4 @@ def init_dummy_weights(model: nn.Module, seed: int = 0) -> None:
                 p.normal_(0.0, 0.02, generator=gen)
             if p is not param:
                 param.copy_(p[slices(full, shards[name])])
+    use_kernel_layouts(model)
