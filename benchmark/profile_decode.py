@@ -1,6 +1,6 @@
 """Where a decode step's time goes, kernel by kernel (torch.profiler), on inkling-slice.
 
-    python benchmark/profile_decode.py --batch-size 1 [--unfused | --compare]
+    python benchmark/profile_decode.py --batch-size 1 [--unfused | --compare] [--quantization modelopt_fp4]
 
 `--unfused` profiles the kernels as they were before the decode fusions (sgl_inkling_kernels.
 _triton.unfused_decode); `--compare` profiles both in one run and writes {"unfused": ..., "fused": ...}.
@@ -28,8 +28,9 @@ sys.path[:0] = [str(ROOT), str(ROOT / "kernels")]
 
 from benchmark.bench_one_batch import Seqs  # noqa: E402
 from benchmark.kernel_profile import kernel_rows, report  # noqa: E402
-from sgl_inkling.model_executor.model_loader import build_model  # noqa: E402
+from sgl_inkling.model_executor.model_loader import build_model, with_expert_quant  # noqa: E402
 from sgl_inkling.model_executor.model_runner import ModelRunner  # noqa: E402
+from sgl_inkling.models.inkling.quant_config import NVFP4_METHODS, resolve_quantization  # noqa: E402
 from sgl_inkling.models.inkling.slice_config import slice_config  # noqa: E402
 from sgl_inkling.models.inkling.weights import init_dummy_weights  # noqa: E402
 from sgl_inkling_kernels._triton import unfused_decode  # noqa: E402
@@ -43,8 +44,9 @@ def main() -> None:
     p.add_argument("--out", type=Path, default=None)
     p.add_argument("--unfused", action="store_true", help="the kernels before the decode fusions")
     p.add_argument("--compare", action="store_true", help="profile unfused, then fused")
+    p.add_argument("--quantization", choices=NVFP4_METHODS, default=None, help="routed experts in NVFP4")
     args = p.parse_args()
-    config = slice_config()
+    config = with_expert_quant(slice_config(), resolve_quantization(args.quantization, None, "dummy"))
     model = build_model(config, torch.bfloat16, torch.device("cuda"))
     init_dummy_weights(model)
     cfg = config.text
