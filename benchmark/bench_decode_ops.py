@@ -108,7 +108,7 @@ def router_case(bsz: int, calls: int):
     return fused, unfused, (E + S) * H * 4 + bsz * H * 2
 
 
-def attention_case(bsz: int, calls: int, ctx: int, nkv: int, window: int | None):
+def attention_case(bsz: int, calls: int, ctx: int, nkv: int, window: int | None, coverage: int = 2):
     slots = bsz * ctx + 1
     k_buf, v_buf = rnd(slots, nkv, HD), rnd(slots, nkv, HD)  # every sequence its own keys
     table = (1 + torch.arange(bsz * ctx, device="cuda")).view(bsz, ctx)
@@ -116,7 +116,8 @@ def attention_case(bsz: int, calls: int, ctx: int, nkv: int, window: int | None)
     rows = torch.arange(bsz, device="cuda")
     rel_table = rnd(DREL, window or 1024)
     sets = [dict(q=rnd(bsz, NH, HD), rel=rnd(bsz, NH, DREL)) for _ in range(calls)]
-    splits = default_num_splits(bsz, nkv, window or ctx, 64, torch.cuda.get_device_properties(0).multi_processor_count)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    splits = default_num_splits(bsz, nkv, window or ctx, 64, sms, coverage)
 
     def fused(c):
         d = sets[c]
@@ -132,6 +133,8 @@ def main() -> None:
     p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 64])
     p.add_argument("--calls", type=int, default=16)
     p.add_argument("--replays", type=int, default=20)
+    p.add_argument("--split-coverage", type=int, nargs="*", default=[],
+                   help="also time decode attention with splits covering the SMs this many times (default 2)")
     p.add_argument("--result-file", type=Path, default=ROOT / "benchmark/results/bench_decode_ops_inkling.json")
     args = p.parse_args()
     results = []
@@ -147,6 +150,9 @@ def main() -> None:
         }
         if bsz == 1:
             cases["attention_full_128k"] = attention_case(bsz, 2, 131072, 8, None)
+        for cov in args.split_coverage:
+            cases[f"attention_full_8k@cov{cov}"] = attention_case(bsz, 2, 8192, 8, None, cov)
+            cases[f"attention_sliding_512@cov{cov}"] = attention_case(bsz, 2, 8192, 16, 512, cov)
         for name, (fused, unfused, moved) in cases.items():
             calls = args.calls if name[:9] != "attention" else 2
             floor_us = moved / (PEAK_TBS * 1e12) * 1e6

@@ -123,10 +123,12 @@ def _decode_merge_kernel(
     tl.store(Out + b * stride_ob + h * D + offs_d, o.to(Out.dtype.element_ty), mask=d_ok)
 
 
-def default_num_splits(batch: int, kv_heads: int, max_keys: int, block_n: int, num_sms: int = 132) -> int:
-    """Enough splits that batch * kv_heads * splits covers the SMs about twice, but never more
+def default_num_splits(
+    batch: int, kv_heads: int, max_keys: int, block_n: int, num_sms: int = 132, coverage: int = 2
+) -> int:
+    """Enough splits that batch * kv_heads * splits covers the SMs `coverage` times, but never more
     splits than key blocks. Depends only on shapes, so it is fixed per CUDA-graph bucket."""
-    want = -(-2 * num_sms // max(1, batch * kv_heads))
+    want = -(-coverage * num_sms // max(1, batch * kv_heads))
     return max(1, min(want, -(-max_keys // block_n), 64))
 
 

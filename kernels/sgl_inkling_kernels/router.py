@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from sgl_inkling_kernels._triton import dot_mode, interpreting, mm, next_pow2, require_triton, tl, triton
+from sgl_inkling_kernels._triton import interpreting, next_pow2, require_triton, tl, triton
 
 
 @triton.jit
@@ -89,10 +89,14 @@ def route(
     shared = torch.empty(t, n_shared, dtype=out_dtype, device=logits.device)
     if t == 0:
         return ids, weights, shared
+    block_e = next_pow2(n_routed)
+    # The top-k loop is k rounds of row reductions: within one warp they are shuffles, across warps
+    # each also waits on shared memory and a barrier (Inkling's 256 experts are 8 a lane).
     _router_kernel[(t,)](
         parts, bias.float(), global_scale, ids, weights, shared, parts.stride(1), parts.stride(0),
         float(route_scale), E=n_routed, S=n_shared, TOPK=top_k, PARTS=parts.shape[0],
-        BLOCK_E=next_pow2(n_routed), BLOCK_S=next_pow2(max(n_shared, 1)), BLOCK_K=next_pow2(top_k), num_warps=4,
+        BLOCK_E=block_e, BLOCK_S=next_pow2(max(n_shared, 1)), BLOCK_K=next_pow2(top_k),
+        num_warps=1 if block_e <= 256 else 4,
     )  # fmt: skip
     return ids, weights, shared
 
@@ -101,9 +105,12 @@ def route(
 def _router_gemm_kernel(
     X, W, Out, T, N, H,
     stride_xt, stride_wn, stride_op, stride_ot, chunk,
-    BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_H: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr,
+    BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_H: tl.constexpr,
 ):  # fmt: skip
-    """Out[p, t, n] = sum over this program's share p of the hidden dim of x[t, h] * w[n, h], fp32."""
+    """Out[p, t, n] = sum over this program's share p of the hidden dim of x[t, h] * w[n, h], fp32.
+
+    Products and sums on the CUDA cores (broadcast and reduce), not tl.dot: an IEEE fp32 dot is
+    emulated and was 27 us a decode step for 6 MB of weights; a few tokens need no tensor cores."""
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     part = tl.program_id(1)
     offs_t = tl.program_id(2) * BLOCK_T + tl.arange(0, BLOCK_T)
@@ -115,8 +122,8 @@ def _router_gemm_kernel(
         offs_h = h0 + tl.arange(0, BLOCK_H)
         h_ok = offs_h < h_end
         x = tl.load(X + offs_t[:, None] * stride_xt + offs_h[None, :], mask=t_ok[:, None] & h_ok[None, :], other=0.0)
-        w = tl.load(W + offs_n[None, :] * stride_wn + offs_h[:, None], mask=n_ok[None, :] & h_ok[:, None], other=0.0)
-        acc += mm(x.to(tl.float32), w, UPCAST, PREC)
+        w = tl.load(W + offs_n[:, None] * stride_wn + offs_h[None, :], mask=n_ok[:, None] & h_ok[None, :], other=0.0)
+        acc += tl.sum(x.to(tl.float32)[:, None, :] * w[None, :, :], 2)
     tl.store(Out + part * stride_op + offs_t[:, None] * stride_ot + offs_n[None, :], acc,
              mask=t_ok[:, None] & n_ok[None, :])  # fmt: skip
 
@@ -130,19 +137,21 @@ def router_logits_split(x: torch.Tensor, weight: torch.Tensor, parts: int | None
     x = x if x.stride(-1) == 1 else x.contiguous()
     if weight.dtype != torch.float32 or weight.stride(-1) != 1:
         raise ValueError("router_logits_split: the router weight must be fp32 with contiguous rows")
-    block_n, block_t = 16, 16
+    # Tiles of 8 tokens x 8 experts x 128 hidden (32 products a thread at 4 warps); at batch 1
+    # Inkling's 258 x 6144 splits into 33 x 24 programs of 8 KB of weights each, so the 6 MB stream
+    # from every SM at once instead of queueing behind a few long programs.
+    block_n, block_t = 8, 8
     block_h = 32 if interpreting() else 128
     if parts is None:
-        parts = max(1, min(h // 512, 16))  # 17 x 12 programs for Inkling's 258 x 6144 at batch <= 16
+        parts = max(1, min(h // 256, 24))
     per = -(-h // parts)
     chunk = -(-per // block_h) * block_h  # a whole number of BLOCK_H per split
     parts = -(-h // chunk)
     out = torch.empty(parts, t, n, dtype=torch.float32, device=x.device)
     if t:
-        _, prec = dot_mode(torch.float32)
         _router_gemm_kernel[(triton.cdiv(n, block_n), parts, triton.cdiv(t, block_t))](
             x, weight, out, t, n, h, x.stride(0), weight.stride(0), out.stride(0), out.stride(1), chunk,
-            BLOCK_T=block_t, BLOCK_N=block_n, BLOCK_H=block_h, UPCAST=interpreting(), PREC=prec, num_warps=4,
+            BLOCK_T=block_t, BLOCK_N=block_n, BLOCK_H=block_h, num_warps=4,
         )  # fmt: skip
     return out
 

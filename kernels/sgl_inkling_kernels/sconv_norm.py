@@ -1,15 +1,21 @@
-"""Decode: a block's output short conv, the residual add and (optionally) the next RMSNorm in one
-launch, one program per token (the norm needs the whole row).
+"""Decode: a block's output short conv, the residual add and (optionally) the next RMSNorm, fused
+into one launch (two with the norm), the channels split over programs.
 
     y = sconv(x)                  fp32, rounded to x's dtype (the ShortConv module's output)
     summed = residual + y         rounded to the dtype: the new hidden state
     normed = rmsnorm(summed)      fp32 normalise, round, times the gain (the RMSNorm module)
 
-Pass 1 walks the channels in chunks: conv (shifting the conv state [slots, K-1, C] in place, as
-`sconv.sconv_decode`), add, store `summed`, accumulate its sum of squares; pass 2 reads `summed`
-back and writes `normed`. Without a norm (the FFN output, whose sum is the layer's output) pass 2
-is skipped. The grid depends on shapes only (CUDA-graph safe). TP 1 only: under TP the conv runs
-on a reduce-scattered shard and the residual add after the all-gather.
+Both launches run a grid (B, n_blocks), one program per token and block of BLOCK_C channels: a
+single program walking a whole row (~300 KB of conv state and weights at C = 6144) left the
+launch latency-bound on one SM. Launch 1 does the per-channel work: conv (shifting the conv state
+[slots, K-1, C] in place, as `sconv.sconv_decode`; each program touches its own channels only),
+add, store `summed`, and, when a norm follows, its block's sum of squares of the rounded `summed`
+into an fp32 buffer [B, n_blocks]. Launch 2 (norm only) needs the whole row's sum: each program
+adds up its token's partials in one fixed reduction (no atomics: every program of a token gets
+the same bits, run after run), then normalises its block of `summed`. Without a norm (the FFN
+output, whose sum is the layer's output) launch 2 is skipped. The grid and every compile key
+depend on the shapes' C only, never on the batch (CUDA-graph safe, no recompiles). TP 1 only:
+under TP the conv runs on a reduce-scattered shard and the residual add after the all-gather.
 """
 
 from __future__ import annotations
@@ -22,45 +28,62 @@ from sgl_inkling_kernels.sconv import sconv_ref
 
 
 @triton.jit
-def _sconv_add_rmsnorm_kernel(
-    X, ConvW, State, Rows, Res, NormW, Summed, Normed,
-    stride_xb, stride_ss, stride_sk, stride_rb, stride_sb, stride_nb, C, eps,
+def _sconv_add_kernel(
+    X, ConvW, State, Rows, Res, Summed, SumSq,
+    stride_xb, stride_ss, stride_sk, stride_rb, stride_sb, C,
     HAS_NORM: tl.constexpr, K: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_C: tl.constexpr,
 ):  # fmt: skip
     b = tl.program_id(0)
+    blk = tl.program_id(1)
     row = tl.load(Rows + b)
     offs_k = tl.arange(0, BLOCK_K)
     k_ok = offs_k < K - 1
-    sumsq = tl.zeros([BLOCK_C], tl.float32)
-    for c0 in range(0, C, BLOCK_C):
-        offs_c = c0 + tl.arange(0, BLOCK_C)
-        c_ok = offs_c < C
-        m = k_ok[:, None] & c_ok[None, :]
-        st_ptr = State + row * stride_ss + offs_k[:, None] * stride_sk + offs_c[None, :]
-        hist = tl.load(st_ptr, mask=m, other=0.0)
-        w_hist = tl.load(ConvW + offs_c[None, :] * K + offs_k[:, None], mask=m, other=0.0)
-        w_last = tl.load(ConvW + offs_c * K + (K - 1), mask=c_ok, other=0.0)
-        x = tl.load(X + b * stride_xb + offs_c, mask=c_ok, other=0.0)
-        xf = x.to(tl.float32)
-        y = (xf + (tl.sum(hist * w_hist, 0) + xf * w_last)).to(x.dtype)
-        res = tl.load(Res + b * stride_rb + offs_c, mask=c_ok, other=0.0)
-        s = (res.to(tl.float32) + y.to(tl.float32)).to(Summed.dtype.element_ty)
-        tl.store(Summed + b * stride_sb + offs_c, s, mask=c_ok)
-        sf = s.to(tl.float32)
-        sumsq += tl.where(c_ok, sf * sf, 0.0)
-        tl.debug_barrier()  # every thread has read this chunk's old state before any shifts it
-        tl.store(st_ptr - stride_sk, hist, mask=(k_ok & (offs_k >= 1))[:, None] & c_ok[None, :])
-        tl.store(State + row * stride_ss + (K - 2) * stride_sk + offs_c, xf, mask=c_ok)
+    offs_c = blk * BLOCK_C + tl.arange(0, BLOCK_C)
+    c_ok = offs_c < C
+    m = k_ok[:, None] & c_ok[None, :]
+    st_ptr = State + row * stride_ss + offs_k[:, None] * stride_sk + offs_c[None, :]
+    hist = tl.load(st_ptr, mask=m, other=0.0)
+    w_hist = tl.load(ConvW + offs_c[None, :] * K + offs_k[:, None], mask=m, other=0.0)
+    w_last = tl.load(ConvW + offs_c * K + (K - 1), mask=c_ok, other=0.0)
+    x = tl.load(X + b * stride_xb + offs_c, mask=c_ok, other=0.0)
+    xf = x.to(tl.float32)
+    y = (xf + (tl.sum(hist * w_hist, 0) + xf * w_last)).to(x.dtype)
+    res = tl.load(Res + b * stride_rb + offs_c, mask=c_ok, other=0.0)
+    s = (res.to(tl.float32) + y.to(tl.float32)).to(Summed.dtype.element_ty)
+    tl.store(Summed + b * stride_sb + offs_c, s, mask=c_ok)
     if HAS_NORM:
-        inv = tl.rsqrt(tl.sum(sumsq, 0) / C + eps)
-        tl.debug_barrier()  # `summed` is read back by other threads than those that wrote it
-        for c0 in range(0, C, BLOCK_C):
-            offs_c = c0 + tl.arange(0, BLOCK_C)
-            c_ok = offs_c < C
-            s = tl.load(Summed + b * stride_sb + offs_c, mask=c_ok, other=0.0)
-            normed = (s.to(tl.float32) * inv).to(s.dtype).to(tl.float32)
-            w = tl.load(NormW + offs_c, mask=c_ok, other=0.0).to(tl.float32)
-            tl.store(Normed + b * stride_nb + offs_c, (normed * w).to(Normed.dtype.element_ty), mask=c_ok)
+        sf = s.to(tl.float32)
+        tl.store(SumSq + b * tl.num_programs(1) + blk, tl.sum(tl.where(c_ok, sf * sf, 0.0), 0))
+    tl.debug_barrier()  # every thread has read this block's old state before any shifts it
+    tl.store(st_ptr - stride_sk, hist, mask=(k_ok & (offs_k >= 1))[:, None] & c_ok[None, :])
+    tl.store(State + row * stride_ss + (K - 2) * stride_sk + offs_c, xf, mask=c_ok)
+
+
+@triton.jit
+def _rmsnorm_blocks_kernel(
+    Summed, SumSq, NormW, Normed, stride_sb, stride_nb, C, eps,
+    BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr,
+):  # fmt: skip
+    b = tl.program_id(0)
+    n_blocks = tl.num_programs(1)
+    offs_n = tl.arange(0, BLOCK_N)
+    part = tl.load(SumSq + b * n_blocks + offs_n, mask=offs_n < n_blocks, other=0.0)
+    # The same reduction tree in every program of the token (and every run): one inv per token.
+    inv = tl.rsqrt(tl.sum(part, 0) / C + eps)
+    offs_c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    c_ok = offs_c < C
+    s = tl.load(Summed + b * stride_sb + offs_c, mask=c_ok, other=0.0)
+    normed = (s.to(tl.float32) * inv).to(s.dtype).to(tl.float32)
+    w = tl.load(NormW + offs_c, mask=c_ok, other=0.0).to(tl.float32)
+    tl.store(Normed + b * stride_nb + offs_c, (normed * w).to(Normed.dtype.element_ty), mask=c_ok)
+
+
+def block_c() -> int:
+    """Channels per program. On the GPU 256 (4 warps, 2 channels a thread): at C = 6144 that is 24
+    programs for a single token, each moving ~12 KB (as `sconv.sconv_decode`), and 1536 at batch
+    64, enough to fill the SMs several times over; the norm's partials stay 24 floats a token.
+    Under the interpreter 64, so tests cross several blocks and a ragged last one."""
+    return 64 if interpreting() else 256
 
 
 def _launch(x, conv_w, state, rows, residual, norm_w, eps):
@@ -81,16 +104,21 @@ def _launch(x, conv_w, state, rows, residual, norm_w, eps):
     if norm_w is not None:
         normed = torch.empty(x.shape, dtype=torch.promote_types(summed.dtype, norm_w.dtype), device=x.device)
     if bsz:
-        # One program streams a whole row (state and conv weights in fp32, ~300 KB at H = 6144): wide
-        # chunks and 16 warps keep enough loads in flight on its SM.
-        block_c = min(next_pow2(c), 64 if interpreting() else 2048)
-        _sconv_add_rmsnorm_kernel[(bsz,)](
-            x, conv_w, state, rows, residual, norm_w if norm_w is not None else x, summed,
-            normed if normed is not None else summed,
-            x.stride(0), state.stride(0), state.stride(1), residual.stride(0), summed.stride(0),
-            normed.stride(0) if normed is not None else 0, c, float(eps),
-            HAS_NORM=norm_w is not None, K=k, BLOCK_K=next_pow2(k - 1), BLOCK_C=block_c, num_warps=16,
+        bc = block_c()
+        n_blocks = triton.cdiv(c, bc)  # C only: the same kernels for every batch size
+        sumsq = summed  # a stand-in pointer: without a norm the kernel never touches it
+        if normed is not None:
+            sumsq = torch.empty((bsz, n_blocks), dtype=torch.float32, device=x.device)
+        _sconv_add_kernel[(bsz, n_blocks)](
+            x, conv_w, state, rows, residual, summed, sumsq,
+            x.stride(0), state.stride(0), state.stride(1), residual.stride(0), summed.stride(0), c,
+            HAS_NORM=normed is not None, K=k, BLOCK_K=next_pow2(k - 1), BLOCK_C=bc, num_warps=4,
         )  # fmt: skip
+        if normed is not None:
+            _rmsnorm_blocks_kernel[(bsz, n_blocks)](
+                summed, sumsq, norm_w, normed, summed.stride(0), normed.stride(0), c, float(eps),
+                BLOCK_N=next_pow2(n_blocks), BLOCK_C=bc, num_warps=4,
+            )  # fmt: skip
     return normed, summed
 
 

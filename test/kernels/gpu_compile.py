@@ -20,21 +20,25 @@ def _qkvr(dt, to_cache):
 
 
 def _conv_norm(dt, norm):
-    ptr = {n: f"*{dt}" for n in ("X", "Res", "NormW", "Summed", "Normed")}
-    ptr.update(ConvW="*fp32", State="*fp32", Rows="*i64")
-    return ("sconv_norm", "_sconv_add_rmsnorm_kernel", ptr, dict(HAS_NORM=norm, K=4, BLOCK_K=4, BLOCK_C=2048),
-            ("eps",), 16)  # fmt: skip
+    ptr = {n: f"*{dt}" for n in ("X", "Res", "Summed")}
+    ptr.update(ConvW="*fp32", State="*fp32", Rows="*i64", SumSq="*fp32" if norm else f"*{dt}")
+    return ("sconv_norm", "_sconv_add_kernel", ptr, dict(HAS_NORM=norm, K=4, BLOCK_K=4, BLOCK_C=256), (), 4)
+
+
+def _conv_rmsnorm(dt):
+    ptr = {"Summed": f"*{dt}", "SumSq": "*fp32", "NormW": f"*{dt}", "Normed": f"*{dt}"}
+    return ("sconv_norm", "_rmsnorm_blocks_kernel", ptr, dict(BLOCK_N=32, BLOCK_C=256), ("eps",), 4)
 
 
 def _router(dt):
     ptr = {"Logits": "*fp32", "Bias": "*fp32", "GlobalScale": "*fp32", "Ids": "*i64", "Weights": f"*{dt}",
            "SharedWeights": f"*{dt}"}  # fmt: skip
-    consts = dict(E=256, S=2, TOPK=6, PARTS=12, BLOCK_E=256, BLOCK_S=2, BLOCK_K=8)
-    return ("router", "_router_kernel", ptr, consts, ("route_scale",), 4)
+    consts = dict(E=256, S=2, TOPK=6, PARTS=24, BLOCK_E=256, BLOCK_S=2, BLOCK_K=8)
+    return ("router", "_router_kernel", ptr, consts, ("route_scale",), 1)
 
 
 def _router_gemm(dt):
-    consts = dict(BLOCK_T=16, BLOCK_N=16, BLOCK_H=128, UPCAST=False, PREC="ieee")
+    consts = dict(BLOCK_T=8, BLOCK_N=8, BLOCK_H=128)
     return ("router", "_router_gemm_kernel", {"X": f"*{dt}", "W": "*fp32", "Out": "*fp32"}, consts, (), 4)
 
 
@@ -55,6 +59,7 @@ def _merge():
 CASES = (
     [_qkvr(dt, c) for dt in ("bf16", "fp32") for c in (False, True)]
     + [_conv_norm(dt, n) for dt in ("bf16", "fp32") for n in (False, True)]
+    + [_conv_rmsnorm(dt) for dt in ("bf16", "fp32")]
     + [_router(dt) for dt in ("bf16", "fp32")]
     + [_router_gemm(dt) for dt in ("bf16", "fp32")]
     + [_split(dt, tau) for dt in ("bf16", "fp32") for tau in (False, True)]

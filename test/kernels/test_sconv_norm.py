@@ -13,6 +13,7 @@ if not torch.cuda.is_available():
 pytest.importorskip("triton")
 
 from sgl_inkling_kernels.sconv_norm import (  # noqa: E402
+    block_c,
     sconv_add_decode,
     sconv_add_rmsnorm_decode,
     sconv_add_rmsnorm_decode_ref,
@@ -20,7 +21,7 @@ from sgl_inkling_kernels.sconv_norm import (  # noqa: E402
 
 CUDA = torch.cuda.is_available()
 DEVICE = "cuda" if CUDA else "cpu"
-CHANNELS = [6144, 1000] if CUDA else [64, 200]  # 200: several chunks and a ragged last one
+CHANNELS = [6144, 1000] if CUDA else [64, 200]  # 200: several channel blocks and a ragged last one
 TOL = {torch.float32: 1e-5, torch.bfloat16: 3e-2}  # bf16: the conv, the add and the norm each round
 
 
@@ -47,3 +48,59 @@ def test_matches_reference(c, dtype, norm):
     torch.testing.assert_close(state, ref_state, atol=0, rtol=0)  # rows outside the batch untouched too
     # The conv ran: the sum is not the plain residual add.
     assert ((got_s.float() - (res + x).float()).abs().max()) > 0.1
+
+
+@pytest.mark.parametrize("c", CHANNELS)
+@pytest.mark.parametrize("norm", [True, False])
+def test_channel_split(c, norm):
+    """Several tokens, channels split over several programs with a ragged last block: each block's
+    conv, state shift and sum of squares, and a norm over the whole row (the blocks' magnitudes
+    differ widely, so a norm from any one block's partial, or a partial summed twice or missed,
+    would be far off). fp32, so the outputs match the references to 1e-5; run twice, the same bits."""
+    n_blocks = -(-c // block_c())
+    if c == max(CHANNELS):
+        assert n_blocks >= 3 and c % block_c(), "the widest case must span several blocks, the last ragged"
+    g = torch.Generator().manual_seed(7 * c + norm)
+    bsz, slots, k = 5, 9, 4
+    conv = (0.3 * torch.randn(c, 1, k, generator=g)).to(DEVICE)
+    state = torch.randn(slots, k - 1, c, generator=g).to(DEVICE)
+    rows = torch.tensor([7, 2, 0, 5, 8], device=DEVICE)  # slots 1, 3, 4, 6 not in the batch
+    scale = torch.logspace(-1, 1, c).to(DEVICE)  # channel magnitudes from 0.1 to 10
+    # Row strides other than C (views into wider buffers): the kernels take the strides.
+    x = (2.0 * torch.randn(bsz, c + 8, generator=g)).to(DEVICE)[:, 3 : 3 + c]
+    res = (torch.randn(bsz, 2 * c, generator=g).to(DEVICE) * scale.repeat(2))[:, :c]
+    norm_w = (1.0 + 0.3 * torch.randn(c, generator=g)).to(DEVICE) if norm else None
+    ref_state = state.clone()
+    want_n, want_s = sconv_add_rmsnorm_decode_ref(x, conv, ref_state, rows, res, norm_w, 1e-6)
+
+    def run(st):
+        if norm:
+            return sconv_add_rmsnorm_decode(x, conv, st, rows, res, norm_w, 1e-6)
+        return None, sconv_add_decode(x, conv, st, rows, res)
+
+    state2 = state.clone()
+    got_n, got_s = run(state)
+    torch.testing.assert_close(got_s, want_s, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(state, ref_state, atol=0, rtol=0)  # every block shifted, other rows untouched
+    if norm:
+        torch.testing.assert_close(got_n, want_n, atol=1e-5, rtol=1e-5)
+        # The row's scale is the whole row's: per-token RMS of the output / gain is 1.
+        rms = (got_n / norm_w).pow(2).mean(-1).sqrt()
+        torch.testing.assert_close(rms, torch.ones_like(rms), atol=1e-4, rtol=1e-4)
+    again_n, again_s = run(state2)
+    assert torch.equal(again_s, got_s) and torch.equal(state2, state)
+    if norm:
+        assert torch.equal(again_n, got_n)  # the partials are summed in a fixed order
+
+
+def test_empty_batch():
+    c = max(CHANNELS)
+    conv = torch.randn(c, 1, 4).to(DEVICE)
+    state = torch.randn(2, 3, c).to(DEVICE)
+    before = state.clone()
+    x = torch.empty(0, c, device=DEVICE)
+    rows = torch.empty(0, dtype=torch.long, device=DEVICE)
+    normed, summed = sconv_add_rmsnorm_decode(x, conv, state, rows, x, torch.ones(c, device=DEVICE), 1e-6)
+    assert normed.shape == summed.shape == (0, c)
+    assert sconv_add_decode(x, conv, state, rows, x).shape == (0, c)
+    assert torch.equal(state, before)

@@ -102,6 +102,7 @@ class RoutedExperts(nn.Module):
             )
         e, i = e // p.ep_size, i // p.moe_tp_size
         self.first = p.ep_rank * e  # global id of this rank's first expert
+        self.holds_all = p.ep_size == 1
         self.nvfp4 = cfg.expert_quant == NVFP4
         experts = Shard(0, p.ep_rank, p.ep_size)
         rows, cols = Shard(1, p.moe_tp_rank, p.moe_tp_size), Shard(2, p.moe_tp_rank, p.moe_tp_size)
@@ -159,6 +160,8 @@ class RoutedExperts(nn.Module):
 
     def local_ids(self, ids: torch.Tensor) -> torch.Tensor:
         """Global expert ids -> this rank's expert index; experts held elsewhere map to E_local."""
+        if self.holds_all:  # global ids are local ones: no five elementwise launches a layer
+            return ids
         n = self.num_local
         rel = ids - self.first
         return torch.where((rel >= 0) & (rel < n), rel, n)
