@@ -108,7 +108,7 @@ def router_case(bsz: int, calls: int):
     return fused, unfused, (E + S) * H * 4 + bsz * H * 2
 
 
-def attention_case(bsz: int, calls: int, ctx: int, nkv: int, window: int | None, coverage: int = 2):
+def attention_case(bsz: int, calls: int, ctx: int, nkv: int, window: int | None, coverage: int = 8):
     slots = bsz * ctx + 1
     k_buf, v_buf = rnd(slots, nkv, HD), rnd(slots, nkv, HD)  # every sequence its own keys
     table = (1 + torch.arange(bsz * ctx, device="cuda")).view(bsz, ctx)
@@ -134,7 +134,7 @@ def main() -> None:
     p.add_argument("--calls", type=int, default=16)
     p.add_argument("--replays", type=int, default=20)
     p.add_argument("--split-coverage", type=int, nargs="*", default=[],
-                   help="also time decode attention with splits covering the SMs this many times (default 2)")
+                   help="also time decode attention with splits covering the SMs this many times (default 8)")
     p.add_argument("--result-file", type=Path, default=ROOT / "benchmark/results/bench_decode_ops_inkling.json")
     args = p.parse_args()
     results = []

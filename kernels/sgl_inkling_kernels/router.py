@@ -101,57 +101,56 @@ def route(
     return ids, weights, shared
 
 
-@triton.jit(do_not_specialize=["T", "stride_op"])  # batch-dependent ints: no recompiles
-def _router_gemm_kernel(
-    X, W, Out, T, N, H,
+@triton.jit(do_not_specialize=["stride_op"])  # T * N: batch-dependent, no recompiles
+def _router_gemv_kernel(
+    X, W, Out, N, H,
     stride_xt, stride_wn, stride_op, stride_ot, chunk,
-    BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_H: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_H: tl.constexpr,
 ):  # fmt: skip
     """Out[p, t, n] = sum over this program's share p of the hidden dim of x[t, h] * w[n, h], fp32.
 
-    Products and sums on the CUDA cores (broadcast and reduce), not tl.dot: an IEEE fp32 dot is
-    emulated and was 27 us a decode step for 6 MB of weights; a few tokens need no tensor cores."""
+    One token a program, products on the CUDA cores into a [BLOCK_N, BLOCK_H] accumulator reduced
+    once at the end: no tl.dot (an IEEE fp32 dot is emulated: 22 us a call for 6 MB of weights at
+    batch 1) and no 3D broadcast (a layout conversion through shared memory every step)."""
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     part = tl.program_id(1)
-    offs_t = tl.program_id(2) * BLOCK_T + tl.arange(0, BLOCK_T)
+    t = tl.program_id(2)
     n_ok = offs_n < N
-    t_ok = offs_t < T
-    acc = tl.zeros([BLOCK_T, BLOCK_N], tl.float32)
+    acc = tl.zeros([BLOCK_N, BLOCK_H], tl.float32)
     h_end = tl.minimum(part * chunk + chunk, H)
     for h0 in range(part * chunk, h_end, BLOCK_H):
         offs_h = h0 + tl.arange(0, BLOCK_H)
         h_ok = offs_h < h_end
-        x = tl.load(X + offs_t[:, None] * stride_xt + offs_h[None, :], mask=t_ok[:, None] & h_ok[None, :], other=0.0)
+        x = tl.load(X + t * stride_xt + offs_h, mask=h_ok, other=0.0).to(tl.float32)
         w = tl.load(W + offs_n[:, None] * stride_wn + offs_h[None, :], mask=n_ok[:, None] & h_ok[None, :], other=0.0)
-        acc += tl.sum(x.to(tl.float32)[:, None, :] * w[None, :, :], 2)
-    tl.store(Out + part * stride_op + offs_t[:, None] * stride_ot + offs_n[None, :], acc,
-             mask=t_ok[:, None] & n_ok[None, :])  # fmt: skip
+        acc += w * x[None, :]
+    tl.store(Out + part * stride_op + t * stride_ot + offs_n, tl.sum(acc, 1), mask=n_ok)
 
 
 def router_logits_split(x: torch.Tensor, weight: torch.Tensor, parts: int | None = None) -> torch.Tensor:
     """Partial fp32 router logits [P, T, E + S] of x [T, H] (any float dtype) and weight [E + S, H]
-    fp32; their sum over P is x @ weight.T. P defaults to enough hidden-dim splits to occupy the GPU."""
+    fp32; their sum over P is x @ weight.T. P defaults to enough hidden-dim splits to occupy the GPU.
+    Each token re-reads the weights (from the L2 after the first): for a few tokens only."""
     require_triton()
     t, h = x.shape
     n = weight.shape[0]
     x = x if x.stride(-1) == 1 else x.contiguous()
     if weight.dtype != torch.float32 or weight.stride(-1) != 1:
         raise ValueError("router_logits_split: the router weight must be fp32 with contiguous rows")
-    # Tiles of 8 tokens x 8 experts x 128 hidden (32 products a thread at 4 warps); at batch 1
-    # Inkling's 258 x 6144 splits into 33 x 24 programs of 8 KB of weights each, so the 6 MB stream
-    # from every SM at once instead of queueing behind a few long programs.
-    block_n, block_t = 8, 8
-    block_h = 32 if interpreting() else 128
+    # Inkling's 258 x 6144 at one token: 33 x 12 programs of 8 rows x 512 columns (16 KB each), so
+    # the 6 MB stream from every SM at once.
+    block_n = 8
+    block_h = 32 if interpreting() else 256
     if parts is None:
-        parts = max(1, min(h // 256, 24))
+        parts = max(1, min(h // 512, 12))
     per = -(-h // parts)
     chunk = -(-per // block_h) * block_h  # a whole number of BLOCK_H per split
     parts = -(-h // chunk)
     out = torch.empty(parts, t, n, dtype=torch.float32, device=x.device)
     if t:
-        _router_gemm_kernel[(triton.cdiv(n, block_n), parts, triton.cdiv(t, block_t))](
-            x, weight, out, t, n, h, x.stride(0), weight.stride(0), out.stride(0), out.stride(1), chunk,
-            BLOCK_T=block_t, BLOCK_N=block_n, BLOCK_H=block_h, num_warps=4,
+        _router_gemv_kernel[(triton.cdiv(n, block_n), parts, t)](
+            x, weight, out, n, h, x.stride(0), weight.stride(0), out.stride(0), out.stride(1), chunk,
+            BLOCK_N=block_n, BLOCK_H=block_h, num_warps=4,
         )  # fmt: skip
     return out
 

@@ -33,13 +33,13 @@ def _conv_rmsnorm(dt):
 def _router(dt):
     ptr = {"Logits": "*fp32", "Bias": "*fp32", "GlobalScale": "*fp32", "Ids": "*i64", "Weights": f"*{dt}",
            "SharedWeights": f"*{dt}"}  # fmt: skip
-    consts = dict(E=256, S=2, TOPK=6, PARTS=24, BLOCK_E=256, BLOCK_S=2, BLOCK_K=8)
+    consts = dict(E=256, S=2, TOPK=6, PARTS=12, BLOCK_E=256, BLOCK_S=2, BLOCK_K=8)
     return ("router", "_router_kernel", ptr, consts, ("route_scale",), 1)
 
 
-def _router_gemm(dt):
-    consts = dict(BLOCK_T=8, BLOCK_N=8, BLOCK_H=128)
-    return ("router", "_router_gemm_kernel", {"X": f"*{dt}", "W": "*fp32", "Out": "*fp32"}, consts, (), 4)
+def _router_gemv(dt):
+    consts = dict(BLOCK_N=8, BLOCK_H=256)
+    return ("router", "_router_gemv_kernel", {"X": f"*{dt}", "W": "*fp32", "Out": "*fp32"}, consts, (), 4)
 
 
 def _split(dt, tau):
@@ -61,7 +61,7 @@ CASES = (
     + [_conv_norm(dt, n) for dt in ("bf16", "fp32") for n in (False, True)]
     + [_conv_rmsnorm(dt) for dt in ("bf16", "fp32")]
     + [_router(dt) for dt in ("bf16", "fp32")]
-    + [_router_gemm(dt) for dt in ("bf16", "fp32")]
+    + [_router_gemv(dt) for dt in ("bf16", "fp32")]
     + [_split(dt, tau) for dt in ("bf16", "fp32") for tau in (False, True)]
     + [_merge()]
 )

@@ -117,8 +117,8 @@ def _new_keys(
 
 
 def test_tiny_serves_without_new_kernel_variants(tiny_model, monkeypatch):
-    # 3 and 16: decode queries (<= 24 tokens); 32: the extend kernel with the fused router GEMM
-    # (<= 64); 80: past it. Lengths 1, 24, 25, 65 and the MoE's limit are warm-up's own.
+    # 3 and 16: decode queries (<= 24 tokens) with the router's GEMV (<= 16 tokens); 32 and 80: past
+    # both (cuBLAS routes them). Lengths 1, 24, 25, 17 and the MoE's limit are warm-up's own.
     new, launched = _new_keys(tiny_model, [3, 16, 32, 80], max_reqs=6, graph_bs=4, monkeypatch=monkeypatch)
     assert launched > 100
     assert new == [], "\n".join(new)

@@ -28,9 +28,10 @@ from sgl_inkling_kernels.router import route, route_decode
 
 logger = logging.getLogger(__name__)
 FP8 = torch.float8_e4m3fn
-# Up to this many tokens (decode batches) the router's fp32 GEMM runs split-K in our kernel, which
-# reads x in its dtype; longer inputs (prefill) go to cuBLAS on an fp32 copy.
-FUSED_ROUTER_MAX_TOKENS = 64
+# Up to this many tokens (small decode batches, MTP verify at batch 1) the router's fp32 GEMM runs
+# split-K in our GEMV kernel, which reads x in its dtype; it re-reads the weights per token, so more
+# tokens (larger batches, prefill) go to cuBLAS on an fp32 copy.
+FUSED_ROUTER_MAX_TOKENS = 16
 
 
 def swiglu_interleaved(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor) -> torch.Tensor:
