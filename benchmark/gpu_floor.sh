@@ -19,7 +19,7 @@ stage tests 150 "$PY" -m pytest -q -x -p no:cacheprovider test/kernels/test_qkvr
   test/kernels/test_sconv_norm.py test/kernels/test_router.py test/kernels/test_decode_attention.py \
   test/kernels/test_model_wiring.py test/gpu/test_kernel_warmup.py ${EXTRA_TESTS:-}
 # shellcheck disable=SC2086  # the list is split on purpose
-stage bench_decode_ops 120 "$PY" benchmark/bench_decode_ops.py --batch-sizes 1 64 \
+stage bench_decode_ops 120 "$PY" benchmark/bench_decode_ops.py --batch-sizes ${OPS_BATCH_SIZES:-1 64} \
   --split-coverage ${SPLIT_COVERAGE:-} --result-file "$OUT/bench_decode_ops_inkling.json"
 # Batch 1 at an 8K context; batch 64 at 1K (its prefill is one extend of all 64 prompts).
 for run in "1 8192" "64 1024"; do
