@@ -85,6 +85,17 @@ def source(d: dict) -> str:
     return f"{d['benchmark']}, {d.get('gpu') or d.get('device', 'cpu')}, {label} {', '.join(commits)}, {d.get('timestamp')}"
 
 
+def plain_tok_per_s_66(run: dict) -> float | None:
+    """A decode run's 66-layer tok/s/user from its CUDA-graph timings (bench_one_batch.graph_tok_per_s_66,
+    recomputed here so files written before that formula read the same way), else the eager figure."""
+    from benchmark.bench_one_batch import graph_tok_per_s_66  # torch: only where there is a decode table
+
+    per_layer = run.get("cuda_graph_layers_ms_per_layer")
+    graph = graph_tok_per_s_66(run.get("cuda_graph_step_ms"), per_layer and per_layer * len(run["layers"]), run["layers"])
+    e = run["extrapolated_66_layers"]
+    return graph or e.get("cuda_graph_tok_per_s_per_user") or e["tok_per_s_per_user"]
+
+
 def best_step_ms(run: dict) -> float:
     return run.get("cuda_graph_step_ms") or run["decode_step_ms"]
 
@@ -98,7 +109,7 @@ def decode_table(d: dict) -> str:
             r["mode"], str(r["batch_size"]), f(r["prefill_ms"], ".1f"), f(r["decode_step_ms"], ".3f"), f(graph, ".3f"),
             f(r["decode_step_floor_ms"], ".3f"), f(100 * r["decode_step_floor_ms"] / best_step_ms(r), ".0f") + "%",
             " ".join(f"{x['kind'][0]}{100 * x['achieved_fraction']:.0f}%" for x in r["layers"]),
-            f(e.get("cuda_graph_tok_per_s_per_user") or e["tok_per_s_per_user"], ".1f"),
+            f(plain_tok_per_s_66(r), ".1f"),
             f(e["floor_tok_per_s_per_user"], ".1f"),
         ])  # fmt: skip
     header = ["mode", "batch", "prefill ms", "step ms (eager)", "step ms (CUDA graph)", "floor ms",
@@ -109,13 +120,11 @@ def decode_table(d: dict) -> str:
 def mtp_table(d: dict) -> str:
     """Per batch size and forced acceptance length: both steps from their CUDA graphs against their
     floors, and tok/s/user at 66 layers against plain decode of the same batch size."""
-    plain = {r["batch_size"]: r["extrapolated_66_layers"] for r in d["runs"] if r["mode"] == "kernels"}
+    plain = {r["batch_size"]: plain_tok_per_s_66(r) for r in d["runs"] if r["mode"] == "kernels"}
     rows = []
     for m in d["mtp"]:
-        base = plain.get(m["batch_size"]) or {}
         # Plain decode timed as the MTP runs are (k = 0) where the run has it, else the decode table's.
-        base_tps = m.get("plain_tok_per_s_per_user_66") or base.get("cuda_graph_tok_per_s_per_user") \
-            or base.get("tok_per_s_per_user")  # fmt: skip
+        base_tps = m.get("plain_tok_per_s_per_user_66") or plain.get(m["batch_size"])
         verify = (m.get("verify_cuda_graph") or {}).get("ms")
         for r in m["runs"]:
             e = r["extrapolated_66_layers"]
@@ -137,13 +146,11 @@ def adaptive_table(d: dict) -> str:
     the forced per-depth acceptance curve (bench_one_batch --mtp, benchmark/mtp_adaptive.py)."""
     from benchmark.mtp_adaptive import from_choices  # torch: only where there is an adaptive table
 
-    plain = {r["batch_size"]: r["extrapolated_66_layers"] for r in d["runs"] if r["mode"] == "kernels"}
+    plain = {r["batch_size"]: plain_tok_per_s_66(r) for r in d["runs"] if r["mode"] == "kernels"}
     rows = []
     for m in d["mtp_adaptive"]:
-        base = plain.get(m["batch_size"]) or {}
         # Plain decode timed as the MTP runs are (k = 0) where the run has it, else the decode table's.
-        base_tps = m.get("plain_tok_per_s_per_user_66") or base.get("cuda_graph_tok_per_s_per_user") \
-            or base.get("tok_per_s_per_user")  # fmt: skip
+        base_tps = m.get("plain_tok_per_s_per_user_66") or plain.get(m["batch_size"])
         by_k = {r["k"]: r for r in m["runs"]}
         best, ad = by_k[m["best_fixed_k"]], by_k["adaptive"]
         used = ", ".join(f"{k}: {n}" for k, n in sorted(ad["k_used"].items(), key=lambda kv: -kv[1]))

@@ -88,6 +88,24 @@ def test_mtp_table_takes_each_batch_size_from_its_file(results):
     assert "benchmark-only" in text
 
 
+def test_plain_decode_at_66_layers_scales_the_graph_timed_layers(results):
+    """Plain decode's 66-layer figure: the trunk at its CUDA-graph time per layer (55 sliding + 11 full,
+    the eager per-kind mix scaled by the slice's graph/eager layer ratio) plus the graph step outside
+    the layers; not the eager step scaled by the graph/eager step ratio, which charges each layer its
+    launch gaps (what the stored cuda_graph_tok_per_s_per_user of older files holds)."""
+    d = one_batch(1, 5.0, 2.0, "2026-03-01T00:00:00")
+    run = d["runs"][0]
+    run["layers"] = [{"layer": 0, "kind": "sliding", "ms": 1.0, "floor_ms": 0.1, "achieved_fraction": 0.1},
+                     {"layer": 1, "kind": "full", "ms": 3.0, "floor_ms": 0.1, "achieved_fraction": 0.1}]  # fmt: skip
+    run["cuda_graph_step_ms"], run["cuda_graph_layers_ms_per_layer"] = 1.5, 0.5  # layers: 1.0 of 4.0 eager
+    run["extrapolated_66_layers"]["cuda_graph_tok_per_s_per_user"] = 1.0  # the old formula's: not shown
+    (results / "d.json").write_text(json.dumps(d))
+    text = results_table.main([str(results)])
+    step66 = (55 * 1.0 + 11 * 3.0) * (1.0 / 4.0) + (1.5 - 1.0)  # 22.5 ms
+    row = next(line for line in text.splitlines() if line.startswith("| kernels | 1 |"))
+    assert f"| {1e3 / step66:.1f} |" in row
+
+
 def test_serving_with_and_without_mixed_chunk_are_two_tables_with_back_to_back(tmp_path):
     def serving(mixed: bool, tok_s: float) -> dict:
         run = {"max_concurrency": 64, "completed": 64, "num_prompts": 64, "output_throughput": tok_s,
