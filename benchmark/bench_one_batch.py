@@ -387,7 +387,7 @@ def graph_tok_per_s_66(graph_ms: float | None, layers_graph_ms: float | None, la
     """tok/s/user of plain decode at 66 layers from CUDA-graph timings: the trunk layers at their graph
     time (the eager per-kind mix of Inkling's 55 sliding and 11 full layers, scaled by the graph/eager
     ratio of the slice's layers), plus the graph step's part outside the layers (embedding, LM head).
-    Scaling the whole eager step by the graph/eager step ratio instead (before 0dfc15b) charged plain
+    Scaling the whole eager step by the graph/eager step ratio instead (the formula before) charged plain
     decode its eager launch gaps per layer: 46 against 65 tok/s/user at batch 1 with NVFP4 experts, while
     the MTP figures scale graph-timed verifies, so their speed-ups read 1.4x where they were 1.1x."""
     if not graph_ms or not layers_graph_ms:
