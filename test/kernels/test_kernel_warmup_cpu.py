@@ -41,7 +41,7 @@ def test_a_short_context_still_runs_every_token_count(tiny_model, monkeypatch):
     assert sorted(sum(lens) for lens in extends) == sorted([*extend_lengths(tiny_model), SHORT_EXTEND + 2])
     assert [SHORT_EXTEND + 1, 1] in extends
     assert max(n for lens in extends for n in lens) <= 28  # 1 cached + the sequence + 1 below 30
-    assert any(len(lens) > 1 for lens in extends)  # FUSED_ROUTER_MAX_TOKENS + 1 = 65 > 28 was split
+    assert any(len(lens) > 1 for lens in extends)  # lengths past 28 (the MoE's limit + 1, ...) were split
     assert kernel_warmup.split_extend(65, 30) == [28, 28, 9]
 
 
