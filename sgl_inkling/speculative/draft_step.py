@@ -25,6 +25,7 @@ longest legal prefix afterwards (grammar_drafts.py).
 from __future__ import annotations
 
 import torch
+import xgrammar as xgr
 
 from sgl_inkling.model_executor.forward_batch import ForwardBatch, ForwardMode
 
@@ -38,6 +39,7 @@ class DraftStep:
         self.depth_capture = depth_capture
         self.draft_buf = draft_buf  # [rows, K] int64
         self.trunk_layers = runner.model.cfg.num_hidden_layers
+        self.mask_bits = self._mask_bits(runner.model.draft_vocab)
 
     def min_start(self) -> int:
         """Depth d never consumes tokens 0..d: every request must be past them (else: DepthChain)."""
@@ -63,55 +65,73 @@ class DraftStep:
     ) -> None:
         k, b = self.k, rows.shape[0]
         depths = k if depths is None else depths
-        dev = rows.device
+        dev, dtype = rows.device, self.runner.dtype
         if restore_trunk:
             self.restore_trunk(rows, n)
         if callable(first_mask):  # computed on the host while the device rolls the trunk back
             first_mask = first_mask()
-        if ids.shape[1] < k + 1:  # a shorter verify: pad to K + 1 (never real: n <= r)
-            ids = torch.nn.functional.pad(ids, (0, k + 1 - ids.shape[1]))
+        if hidden.shape[1] < k + 1:  # a shorter verify: pad to K + 1 (never real: n <= r)
             hidden = torch.nn.functional.pad(hidden, (0, 0, 0, k + 1 - hidden.shape[1]))
-        seq = torch.cat([ids, ids.new_zeros(b, k + 1)], dim=1)  # [B, 2K + 2] tokens from q on
+        seq = torch.nn.functional.pad(ids, (0, 2 * k + 2 - ids.shape[1]))  # [B, 2K + 2] tokens from q on
         seq.scatter_(1, n[:, None], pending[:, None])
-        arange_b = torch.arange(b, device=dev)
-        below = hidden  # the lower level's outputs for the tokens from q on
+        # T_d: a drafting depth takes n kept + pending + d drafts, the others the n kept tokens (padded).
+        widths = [k + 2 + d if d < depths else k + 1 for d in range(k)]
+        # Every depth's index inputs at once, as [depth, request, column] grids of which depth d
+        # takes its first T_d columns (a view at batch 1): computed per depth, these small ops
+        # were most of the step's launches.
+        cols = torch.arange(max(widths), device=dev)
+        step = torch.arange(1, k + 1, device=dev)[:, None]  # d + 1
+        drafted = step.clone()  # tokens past the kept ones a depth consumes: pending + d drafts, or none
+        drafted[depths:] = 0
+        at = start[:, None] + cols
         tables = self.runner.req_to_token
-        last_col = tables.max_context_len - 1
+        tok = at.clamp(max=tables.max_context_len - 1)
+        real = cols < (n + live * drafted)[:, :, None]
+        out_loc = torch.where(real, tables.full[rows[:, None], tok], 0)
+        out_loc_swa = torch.where(real, tables.swa[rows[:, None], tok], 0)
+        positions = at - step[:, :, None]
+        prefix = start - step
+        extend_lens = drafted.expand(k, b) + (k + 1)
+        arange_b = torch.arange(b, device=dev)
+        last = n - 1
+        # the last real token: the pending one for depth 0, draft d after it
+        logits_indices = arange_b * extend_lens + last.clamp(max=k) + step
+        draft_at = n + step
+        # The carry is read before and written after every depth: each depth reads only its own.
+        carried = self.carry[rows].to(dtype)
+        new_carry = []
+        below = hidden  # the lower level's outputs for the tokens from q on
         drafts = []
-        for d in range(k):
+        for d, t in enumerate(widths):
             drafting = d < depths
-            # A drafting depth: n kept + pending + d drafts; the others: the n kept tokens.
-            t = k + 2 + d if drafting else k + 1
             layer = self.trunk_layers + d
-            cols = torch.arange(t, device=dev)
-            inputs = torch.cat([self.carry[rows, d][:, None], below[:, : t - 1].float()], dim=1)
-            self.carry[rows, d] = below[arange_b, n - 1].float()  # after reading: input for token q + n
-            real = cols[None] < (n + live * (1 + d) if drafting else n)[:, None]
-            tok = (start[:, None] + cols).clamp(max=last_col)
-            prefix = start - d - 1
+            # Converted piecewise rather than concatenated in fp32: the same values, one copy fewer.
+            inputs = torch.cat([carried[:, d, None], below[:, : t - 1].to(dtype)], dim=1)
+            new_carry.append(below[arange_b, last])  # the input for token q + n
             fb = ForwardBatch(
                 mode=ForwardMode.EXTEND,
                 input_ids=seq[:, :t].reshape(-1),
-                positions=(prefix[:, None] + cols).reshape(-1),
+                positions=positions[d, :, :t].reshape(-1),
                 req_pool_indices=rows,
-                prefix_lens=prefix,
-                extend_lens=torch.full((b,), t, dtype=torch.int64, device=dev),
-                out_loc=torch.where(real, tables.full[rows[:, None], tok], 0).reshape(-1),
-                out_loc_swa=torch.where(real, tables.swa[rows[:, None], tok], 0).reshape(-1),
-                # the last real token: the pending one for depth 0, draft d after it
-                logits_indices=arange_b * t + (n + d).clamp(max=t - 1) if drafting else arange_b[:0],
+                prefix_lens=prefix[d],
+                extend_lens=extend_lens[d],
+                out_loc=out_loc[d, :, :t].reshape(-1),
+                out_loc_swa=out_loc_swa[d, :, :t].reshape(-1),
+                logits_indices=logits_indices[d] if drafting else arange_b[:0],
                 prefix_lens_cpu=[p - d - 1 for p in host_start] if host_start is not None else [1] * b,
                 extend_lens_cpu=[t] * b,
             )
             fb.table_offset = d + 1
             fb.sconv_capture = {layer: self.depth_capture[layer]}
-            out = self.runner.forward_mtp(d, inputs.reshape(b * t, -1).to(self.runner.dtype), fb)
-            self.restore([(layer, self.depth_capture[layer])], rows, n)
+            out = self.runner.forward_mtp(d, inputs.view(b * t, -1), fb)
             below = out.hidden.view(b, t, -1)
             if drafting:
                 draft = self.pick(out.logits, first_mask if d == 0 else None)
-                seq.scatter_(1, (n + 1 + d)[:, None], draft[:, None])
+                seq.scatter_(1, draft_at[d, :, None], draft[:, None])
                 drafts.append(draft)
+        # No depth reads its conv state again in this step: all of them roll back at once.
+        self.depth_capture.restore(rows, n)
+        self.carry[rows] = torch.stack(new_carry, dim=1).float()
         if drafts:
             self.draft_buf[rows, :depths] = torch.stack(drafts, dim=1)
 
@@ -121,21 +141,22 @@ class DraftStep:
         logits = logits.float()
         vocab = self.runner.model.draft_vocab
         if mask is not None:
-            ids = vocab if vocab is not None else torch.arange(logits.shape[1], device=logits.device)
-            allowed = (mask[:, ids >> 5] >> (ids & 31).to(mask.dtype)) & 1  # column j is token ids[j]
+            if self.mask_bits[0] is not vocab:  # a new draft vocabulary (tests switch it between steps)
+                self.mask_bits = self._mask_bits(vocab)
+            _, word, bit = self.mask_bits
+            allowed = (mask[:, word] >> bit.to(mask.dtype)) & 1  # column j is token ids[j]
             logits = logits.masked_fill(allowed == 0, float("-inf"))
         best = logits.argmax(-1)
         return best if vocab is None else vocab[best]
 
+    def _mask_bits(self, vocab: torch.Tensor | None) -> tuple:
+        """(vocab, word, bit): where each logits column's token sits in an xgrammar bitmask. Fixed by
+        the draft vocabulary, so built with it rather than in every masked step (and never while a
+        graph is captured, where its values would exist only in the graph's replays)."""
+        width = self.runner.model.cfg.unpadded_vocab_size
+        ids = vocab if vocab is not None else torch.arange(width, device=self.runner.device)
+        return vocab, ids >> 5, (ids & 31).to(xgr.bitmask_dtype)
+
     def restore_trunk(self, rows: torch.Tensor, n: torch.Tensor) -> None:
         """The trunk's conv state after the first n[i] tokens of the verify."""
-        self.restore(self.trunk_capture.items(), rows, n)
-
-    def restore(self, layers, rows: torch.Tensor, n: torch.Tensor) -> None:
-        """Each layer's conv state after the first n[i] tokens of its captured window."""
-        width = self.runner.sconv_pool.width
-        idx = n[:, None] + torch.arange(width, device=n.device)  # [B, width]
-        states = self.runner.sconv_pool.states
-        for layer, caps in layers:
-            for state, cap in zip(states[layer], caps):
-                state[rows] = cap[rows[:, None], idx]
+        self.trunk_capture.restore(rows, n)

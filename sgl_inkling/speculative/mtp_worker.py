@@ -28,6 +28,7 @@ from sgl_inkling.model_executor.model_runner import ModelRunner
 from sgl_inkling.sampling.host_copy import to_device
 from sgl_inkling.speculative.acceptance import greedy_accept, sample_accept
 from sgl_inkling.speculative.adaptive import StepCosts
+from sgl_inkling.speculative.conv_windows import ConvWindows
 from sgl_inkling.speculative.draft_control import DraftControl
 from sgl_inkling.speculative.draft_step import DraftStep
 from sgl_inkling.speculative.grammar_drafts import GrammarDrafts
@@ -62,13 +63,10 @@ class MTPWorker(DraftControl, GrammarDrafts, LaggingDepths):
         pool = runner.sconv_pool
         self.carry = pool.add_state("mtp_carry", (num_steps, cfg.hidden_size))
 
-        def buffers(layer: int, tokens: int) -> list[torch.Tensor]:
-            return [torch.zeros(pool.size, pool.width + tokens, t.shape[-1], device=t.device) for t in pool.states[layer]]
-
         trunk = cfg.num_hidden_layers
-        self.trunk_capture = {i: buffers(i, num_steps + 1) for i in range(trunk)}
+        self.trunk_capture = ConvWindows(pool, [[i] for i in range(trunk)], num_steps + 1)
         # A depth consumes up to K + 1 committed tokens, the pending one and K - 1 drafts per step.
-        depth_capture = {trunk + d: buffers(trunk + d, 2 * num_steps + 1) for d in range(num_steps)}
+        depth_capture = ConvWindows(pool, [[trunk + d for d in range(num_steps)]], 2 * num_steps + 1)
         self.chain = DepthChain(runner, num_steps, self.carry, depth_capture)
         self.draft_buf = torch.zeros(pool.size, num_steps, dtype=torch.int64, device=runner.device)
         self.step = DraftStep(runner, num_steps, self.carry, self.trunk_capture, depth_capture, self.draft_buf)
@@ -231,7 +229,7 @@ class MTPWorker(DraftControl, GrammarDrafts, LaggingDepths):
         ragged = [i for i in range(b) if i not in set(fixed)]
         if ragged:
             sub = to_device(ragged, torch.int64, dev) if fixed else slice(None)
-            self.step.restore(self.trunk_capture.items(), rows[sub], n[sub])
+            self.trunk_capture.restore(rows[sub], n[sub])
             self.draft([reqs[i] for i in ragged], [starts[i] for i in ragged],
                        [hidden[i * r : i * r + kept[i]] for i in ragged])  # fmt: skip
         if not fixed:
