@@ -16,6 +16,13 @@ mixed one (one past SHORT_EXTEND beside one token), and eager decode steps at ba
 largest batch (graph capture covers its own buckets).
 test/kernels/test_no_new_kernel_keys.py checks on the CPU that a mixed workload needs nothing more.
 
+MTP depths (warm_up_mtp_kernels, from MTPWorker.capture_graphs) take the same paths, but depth d
+reads the request table shifted by d + 1 columns (ForwardBatch.table_offset): a view 8 (d + 1) bytes
+in, so at every even d the attention kernels see a table pointer that is not 16-byte aligned, a
+Triton variant of its own (ReqToTok without "D") that the trunk never launches. Every depth runs
+the extend lengths and the mixed step above on its shifted table; its verify and draft extends
+(and the DepthChain's prompt chunks) need nothing more. test/kernels/test_no_new_kernel_keys_mtp.py.
+
 Batches use the padding request row and KV slot 0, as padded CUDA-graph rows do: no request's
 state is touched. An extend longer than the context allows (a short --context-length: the CUDA
 threshold alone is 64 pairs per expert, about 2.7K tokens at Inkling's 256 experts and top-6) runs as
@@ -54,28 +61,50 @@ def split_extend(n: int, max_context_len: int) -> list[int]:
     return [min(cap, n - a) for a in range(0, n, cap)]
 
 
+def _extend_batches(model, dev: torch.device, max_context_len: int) -> list[list[int]]:
+    """The extend batches of warm-up, as sequence lengths: one per extend length, then the mixed step."""
+    out = [split_extend(n, max_context_len) for n in extend_lengths(model, dev)]
+    # A mixed step: a long extension beside a 1-token one, which the attention backend runs as a
+    # decode query on its own (gathered rows, a sub-batch for the extend kernel).
+    out.append([*split_extend(SHORT_EXTEND + 1, max_context_len), 1])
+    return out
+
+
+def _pad_extend(runner, seqs: list[int]) -> ForwardBatch:
+    """An extend of len(seqs) sequences on the padding row and KV slot 0, each on a 1-token cached prefix."""
+    pad, n = runner.req_to_token.pad_row, sum(seqs)
+    return ForwardBatch.build(ForwardMode.EXTEND, [[0] * m for m in seqs], [pad] * len(seqs), [1] * len(seqs),
+                              [0] * n, [0] * n, runner.device)  # fmt: skip
+
+
 def warm_up_kernels(runner, max_running_requests: int) -> None:
     """Compile, by running them once, the kernels of every extend and decode path (see above)."""
     pad, dev = runner.req_to_token.pad_row, runner.device
     ctx = runner.req_to_token.max_context_len
     with torch.no_grad(), warming_up():
-        for n in extend_lengths(runner.model, dev):
-            # Resuming from a 1-token prefix (conv state and KV read); a fresh sequence launches the
-            # same variants (prefix lengths reach the kernels in tensors), so it needs no run of its own.
-            seqs = split_extend(n, ctx)
-            batch = ForwardBatch.build(ForwardMode.EXTEND, [[0] * m for m in seqs], [pad] * len(seqs),
-                                       [1] * len(seqs), [0] * n, [0] * n, dev)  # fmt: skip
-            runner.forward_eager(batch)
-        # A mixed step: a long extension beside a 1-token one, which the attention backend runs as a
-        # decode query on its own (gathered rows, a sub-batch for the extend kernel).
-        seqs = [*split_extend(SHORT_EXTEND + 1, ctx), 1]
-        n = sum(seqs)
-        batch = ForwardBatch.build(ForwardMode.EXTEND, [[0] * m for m in seqs], [pad] * len(seqs), [1] * len(seqs),
-                                   [0] * n, [0] * n, dev)  # fmt: skip
-        runner.forward_eager(batch)
+        # Resuming from a 1-token prefix (conv state and KV read); a fresh sequence launches the
+        # same variants (prefix lengths reach the kernels in tensors), so it needs no run of its own.
+        for seqs in _extend_batches(runner.model, dev, ctx):
+            runner.forward_eager(_pad_extend(runner, seqs))
         for bs in sorted({1, max_running_requests}):
             batch = ForwardBatch.build(ForwardMode.DECODE, [[0]] * bs, [pad] * bs, [1] * bs, [0] * bs, [0] * bs, dev)
             runner.forward_eager(batch)
     if dev.type == "cuda":
         torch.cuda.synchronize(dev)
     log_compiles_after_warmup()
+
+
+def warm_up_mtp_kernels(runner, num_depths: int) -> None:
+    """Compile the kernels of the first num_depths MTP depths: every extend batch of warm-up, each
+    depth on its own table offset (see above). Depths only ever run extends (verify and draft steps
+    of a few tokens per request run as decode queries, prompt chunks in the extend kernel)."""
+    dev, hidden = runner.device, runner.model.cfg.hidden_size
+    with torch.no_grad(), warming_up():
+        for d in range(num_depths):
+            offset = d + 1  # as DepthChain and DraftStep set ForwardBatch.table_offset
+            for seqs in _extend_batches(runner.model, dev, runner.req_to_token.max_context_len - offset):
+                batch = _pad_extend(runner, seqs)
+                batch.table_offset = offset
+                runner.forward_mtp(d, torch.zeros(sum(seqs), hidden, dtype=runner.dtype, device=dev), batch)
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)

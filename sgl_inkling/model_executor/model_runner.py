@@ -81,7 +81,9 @@ class ModelRunner:
             self.req_to_token, self.full_pool, self.swa_pool
         )
         self.faults = FaultInjector()  # test-only failure injection (off unless its env var is set)
-        if kernel_warmup and attention_backend == "triton" and self.device.type == "cuda":
+        # Whether start-up compiles every kernel serving reaches (MTPWorker warms its depths up on it too).
+        self.kernel_warmup = kernel_warmup and attention_backend == "triton" and self.device.type == "cuda"
+        if self.kernel_warmup:
             from sgl_inkling.model_executor.kernel_warmup import warm_up_kernels
 
             warm_up_kernels(self, max_running_requests)

@@ -92,10 +92,15 @@ class MTPWorker(DraftControl, GrammarDrafts, LaggingDepths):
         (the prefix cache's checkpoints hold the depths' carried state, so they come after
         __init__): the graphs are sized from the memory really left (graph_max_bs), not from
         memory a pool is about to take. Kernels compiled here count as warm-up (jit_watch): no
-        request is waiting yet."""
+        request is waiting yet. Where the runner warmed its kernels up, the depths' are warmed up
+        first (kernel_warmup.warm_up_mtp_kernels): the graphs hold only fixed-shape steps, and
+        without graphs nothing else would compile them before a request."""
+        from sgl_inkling.model_executor.kernel_warmup import warm_up_mtp_kernels
         from sgl_inkling_kernels.jit_watch import warming_up
 
         with warming_up():
+            if self.runner.kernel_warmup:
+                warm_up_mtp_kernels(self.runner, self.num_steps)
             self._capture_graphs()
 
     def _capture_graphs(self) -> None:
