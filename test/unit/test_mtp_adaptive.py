@@ -279,6 +279,8 @@ def test_mtp_graph_capture_counts_as_warm_up():
     from sgl_inkling_kernels import jit_watch
 
     seen = []
-    worker = SimpleNamespace(_capture_graphs=lambda: seen.append(jit_watch._warming))
+    # A runner that skipped kernel warm-up (the CPU): the depths' own warm-up is not run here.
+    runner = SimpleNamespace(kernel_warmup=False)
+    worker = SimpleNamespace(runner=runner, _capture_graphs=lambda: seen.append(jit_watch._warming))
     MTPWorker.capture_graphs(worker)
     assert seen == [1] and jit_watch._warming == 0
