@@ -28,6 +28,7 @@ import torch
 import xgrammar as xgr
 
 from sgl_inkling.model_executor.forward_batch import ForwardBatch, ForwardMode
+from sgl_inkling.models.inkling.sconv import CachedPrefixCapture
 
 
 class DraftStep:
@@ -122,7 +123,8 @@ class DraftStep:
                 extend_lens_cpu=[t] * b,
             )
             fb.table_offset = d + 1
-            fb.sconv_capture = {layer: self.depth_capture[layer]}
+            # Every prefix is positive (start >= min_start, padded requests too): windows need no mask.
+            fb.sconv_capture = CachedPrefixCapture({layer: self.depth_capture[layer]})
             out = self.runner.forward_mtp(d, inputs.view(b * t, -1), fb)
             below = out.hidden.view(b, t, -1)
             if drafting:

@@ -87,3 +87,17 @@ def test_decode_long_context_split_over_sms(context, batch):
     assert splits > 1
     got, want = _run(case, None, 1.0 / dim, num_splits=splits, block_n=block_n)
     torch.testing.assert_close(got, want, atol=2e-4, rtol=2e-4)
+
+
+@pytest.mark.parametrize("width,rows,prefix", [(1, [3, 0, 5], [7, 0, 2]), (6, [2], [11]), (9, [4, 1, 6], [20, 9, 13])])
+def test_equal_extensions_as_decode_queries_without_scans(width, rows, prefix):
+    """Every sequence bringing `width` tokens (MTP's verify and draft batches): the broadcast path
+    gives the scans' rows and positions exactly, contiguous (the kernel reads them at unit stride)."""
+    from sgl_inkling_kernels.decode_attention import extend_as_decode_queries
+
+    r, p = torch.tensor(rows), torch.tensor(prefix)
+    lens = torch.full((len(rows),), width)
+    want = extend_as_decode_queries(r, p, lens, width * len(rows))
+    got = extend_as_decode_queries(r, p, lens, width * len(rows), width=width)
+    for g, w in zip(got, want):
+        assert g.dtype == w.dtype and g.is_contiguous() and g.tolist() == w.tolist()

@@ -29,6 +29,12 @@ from sgl_inkling_kernels.extend_attention import extend_attention
 SHORT_EXTEND = 24
 
 
+def _common(lens: list[int]) -> int | None:
+    """The one length every sequence brings (MTP verify and draft batches, decode riders), else None:
+    their decode queries then come from a broadcast rather than scans."""
+    return lens[0] if lens and all(n == lens[0] for n in lens) else None
+
+
 class TritonBackend(AttentionBackend):
     def __init__(self, req_to_token: ReqToTokenPool, full_pool: KVPool, swa_pool: KVPool | None):
         super().__init__(req_to_token, full_pool, swa_pool)
@@ -52,7 +58,8 @@ class TritonBackend(AttentionBackend):
         self._max_extend = max(lens, default=0)
         if 0 < self._max_extend <= SHORT_EXTEND:
             self._as_decode = extend_as_decode_queries(
-                batch.req_pool_indices, batch.prefix_lens, batch.extend_lens, batch.input_ids.shape[0]
+                batch.req_pool_indices, batch.prefix_lens, batch.extend_lens, batch.input_ids.shape[0],
+                width=_common(lens),
             )
             return
         self._q_start = torch.cumsum(batch.extend_lens, 0) - batch.extend_lens
@@ -68,7 +75,7 @@ class TritonBackend(AttentionBackend):
         pick = (batch.req_pool_indices, batch.prefix_lens, batch.extend_lens, self._q_start)
         self._long = tuple(t.index_select(0, at_long) for t in pick)
         sub = [t.index_select(0, at_short) for t in pick[:3]]
-        self._as_decode = extend_as_decode_queries(*sub, len(tokens))
+        self._as_decode = extend_as_decode_queries(*sub, len(tokens), width=_common([lens[i] for i in short]))
 
     def forward(self, q, k, v, rel, rel_table, tau, spec: AttnLayerSpec, batch: ForwardBatch) -> torch.Tensor:
         pool, table = self.pool_of(spec, batch.table_offset)

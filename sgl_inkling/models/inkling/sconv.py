@@ -129,15 +129,33 @@ def snapshot_index(batch: ForwardBatch, width: int, device: torch.device):
     return cache[width]
 
 
+class CachedPrefixCapture(dict):
+    """An `sconv_capture` (layer id -> stream buffers) for a batch whose caller guarantees that every
+    sequence, padding included, has a cached prefix (prefix_lens > 0: MTP draft steps, whose
+    requests all start past the tokens the depths skip), so each window starts from the conv
+    state without the zeros mask (the host copy prefix_lens_cpu can't tell: graphs fill it with
+    placeholders while their padded rows have no prefix)."""
+
+
 def _capture(x: torch.Tensor, state: torch.Tensor, batch: ForwardBatch, out: torch.Tensor) -> None:
     """Write each sequence's window (prior state, then its new inputs) into out[row] (MTP rollback)."""
     width = state.shape[1]
     lens = set(batch.extend_lens_cpu)
-    if len(lens) == 1:  # verify batches: every sequence brings K + 1 tokens; no host sync (CUDA graphs)
+    if len(lens) == 1:  # verify and draft batches: every sequence brings n tokens; no host sync (CUDA graphs)
         n, rows = lens.pop(), batch.req_pool_indices
-        live = (batch.prefix_lens > 0)[:, None, None]
-        out[rows, :width] = torch.where(live, state[rows], torch.zeros((), dtype=out.dtype, device=out.device))
-        out[rows, width : width + n] = x.view(rows.shape[0], n, -1).to(out.dtype)
+        b = rows.shape[0]
+        # The window assembled in one buffer (prior state gathered straight into it, the inputs
+        # converted into it) and stored with one index_put: 3 launches a stream in a draft step,
+        # 5 with the mask (were 6-7: a gather, a mask, a zeros fill, a where, a copy, two index_puts).
+        window = out.new_empty(b, width + n, out.shape[-1])
+        if state.dtype == out.dtype:
+            torch.index_select(state, 0, rows, out=window[:, :width])
+        else:
+            window[:, :width] = state[rows]
+        if not isinstance(batch.sconv_capture, CachedPrefixCapture):
+            window[:, :width].masked_fill_((batch.prefix_lens <= 0)[:, None, None], 0)  # fresh: zeros
+        window[:, width:].copy_(x.view(b, n, -1))
+        out[rows, : width + n] = window
         return
     rows = batch.rows_cpu()
     offset = 0
