@@ -55,6 +55,10 @@ class ForwardBatch:
     # MTP: layer id -> per-stream buffers [rows, K-1 + n, C] that receive each sequence's conv window
     # (prior state then the new inputs), so the state after any accepted prefix can be restored.
     sconv_capture: dict[int, list[torch.Tensor]] | None = None
+    # The caller guarantees every sequence, padding included, a cached prefix (prefix_lens > 0: MTP
+    # draft steps), so a captured window starts from the conv state without the fresh-prefix zeros
+    # mask (prefix_lens_cpu can't tell: graphs fill it with placeholders while padded rows have none).
+    prefixes_cached: bool = False
     # MTP depth d reads the req-to-token tables shifted by d + 1: its position p consumes token
     # p + d + 1 and keeps its KV in that token's slot (see speculative/levels.py).
     table_offset: int = 0

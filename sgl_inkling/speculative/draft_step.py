@@ -28,7 +28,6 @@ import torch
 import xgrammar as xgr
 
 from sgl_inkling.model_executor.forward_batch import ForwardBatch, ForwardMode
-from sgl_inkling.models.inkling.sconv import CachedPrefixCapture
 
 
 class DraftStep:
@@ -121,10 +120,10 @@ class DraftStep:
                 logits_indices=logits_indices[d] if drafting else arange_b[:0],
                 prefix_lens_cpu=[p - d - 1 for p in host_start] if host_start is not None else [1] * b,
                 extend_lens_cpu=[t] * b,
+                prefixes_cached=True,  # every start >= min_start, padded requests too: windows need no mask
             )
             fb.table_offset = d + 1
-            # Every prefix is positive (start >= min_start, padded requests too): windows need no mask.
-            fb.sconv_capture = CachedPrefixCapture({layer: self.depth_capture[layer]})
+            fb.sconv_capture = {layer: self.depth_capture[layer]}
             out = self.runner.forward_mtp(d, inputs.view(b * t, -1), fb)
             below = out.hidden.view(b, t, -1)
             if drafting:

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from sgl_inkling.model_executor.forward_batch import ForwardBatch, ForwardMode
-from sgl_inkling.models.inkling.sconv import CachedPrefixCapture, _capture
+from sgl_inkling.models.inkling.sconv import _capture
 
 WIDTH, C, TOKENS = 3, 5, 7  # Inkling's kernel of 4; buffers take up to 7 tokens a request
 
@@ -52,7 +52,7 @@ def test_batched_capture_equals_the_host_loop(dtype, prefix):
     assert torch.equal(group[..., :C], torch.full((8, WIDTH + TOKENS, C), -7.0))  # the other slice untouched
     if min(prefix) > 0:  # a caller that guarantees cached prefixes: no mask, same windows
         again = torch.full_like(group, -7.0)[..., C:]
-        fb.sconv_capture = CachedPrefixCapture({0: [again]})
+        fb.sconv_capture, fb.prefixes_cached = {0: [again]}, True
         _capture(x, state, fb, again)
         assert _same(again, want)
 

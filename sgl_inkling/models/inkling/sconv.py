@@ -129,14 +129,6 @@ def snapshot_index(batch: ForwardBatch, width: int, device: torch.device):
     return cache[width]
 
 
-class CachedPrefixCapture(dict):
-    """An `sconv_capture` (layer id -> stream buffers) for a batch whose caller guarantees that every
-    sequence, padding included, has a cached prefix (prefix_lens > 0: MTP draft steps, whose
-    requests all start past the tokens the depths skip), so each window starts from the conv
-    state without the zeros mask (the host copy prefix_lens_cpu can't tell: graphs fill it with
-    placeholders while their padded rows have no prefix)."""
-
-
 def _capture(x: torch.Tensor, state: torch.Tensor, batch: ForwardBatch, out: torch.Tensor) -> None:
     """Write each sequence's window (prior state, then its new inputs) into out[row] (MTP rollback)."""
     width = state.shape[1]
@@ -152,7 +144,7 @@ def _capture(x: torch.Tensor, state: torch.Tensor, batch: ForwardBatch, out: tor
             torch.index_select(state, 0, rows, out=window[:, :width])
         else:
             window[:, :width] = state[rows]
-        if not isinstance(batch.sconv_capture, CachedPrefixCapture):
+        if not batch.prefixes_cached:
             window[:, :width].masked_fill_((batch.prefix_lens <= 0)[:, None, None], 0)  # fresh: zeros
         window[:, width:].copy_(x.view(b, n, -1))
         out[rows, : width + n] = window
