@@ -21,7 +21,8 @@
 # JSON goes to $OUT (default benchmark/results/gpu_serving). The machine has no .git: pass GIT_COMMIT=<sha>.
 # QUANT=modelopt_fp4: NVFP4 routed experts (dummy codes) in the engine timings and the servers, served as
 # <model>-nvfp4 (its own tables); LEVELS / PROMPTS override the mixed stage's concurrency levels and prompts;
-# PLAIN_LEVELS (default "64 16", one prompt per request slot) the plain stage's, empty to skip it.
+# PLAIN_LEVELS (default "64 16", one prompt per request slot) the plain stage's, empty to skip it;
+# SKIP_TESTS=1 skips stage 0, ENGINE_TIMINGS=<file> reuses that engine_timings JSON instead of stage 1.
 # Smoke test on a CPU: MODEL=inkling-tiny IN_LEN=64 OUT_LEN=8 benchmark/gpu_serving.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -46,11 +47,15 @@ if command -v nvidia-smi >/dev/null; then gpu_begin gpu_serving; else
 fi
 left() { echo $((BUDGET - (SECONDS - START))); }
 
-[ "$CONFIG" = slice ] && stage test_mixed_gpu 130 "$PY" -m pytest -q -x -p no:cacheprovider test/gpu/test_mixed_chunk_gpu.py \
+[ "$CONFIG" = slice ] && [ -z "${SKIP_TESTS:-}" ] && stage test_mixed_gpu 130 "$PY" -m pytest -q -x -p no:cacheprovider test/gpu/test_mixed_chunk_gpu.py \
   test/gpu/test_overlap_gpu.py test/gpu/test_sampler_sync.py test/gpu/test_graph_staging.py
-stage engine_timings 75 "$PY" benchmark/engine_timings.py --config "$CONFIG" --input-len "$IN_LEN" \
-  --output-len "$OUT_LEN" --batch-size 1 16 32 48 64 128 256 --decode-steps 10 --sustained-steps 100 --prefill-repeats 2 \
-  --mixed-riders 16 32 63 "${QARGS[@]}" --out "$OUT/engine_timings_$NAME.json"
+if [ -n "${ENGINE_TIMINGS:-}" ]; then  # this commit's timings from an earlier call: reuse them
+  cp "$ENGINE_TIMINGS" "$OUT/engine_timings_$NAME.json"
+else
+  stage engine_timings 75 "$PY" benchmark/engine_timings.py --config "$CONFIG" --input-len "$IN_LEN" \
+    --output-len "$OUT_LEN" --batch-size 1 16 32 48 64 128 256 --decode-steps 10 --sustained-steps 100 \
+    --prefill-repeats 2 --mixed-riders 16 32 63 "${QARGS[@]}" --out "$OUT/engine_timings_$NAME.json"
+fi
 ENGINE=()
 [ -f "$OUT/engine_timings_$NAME.json" ] && ENGINE=(--engine-timings "$OUT/engine_timings_$NAME.json")
 

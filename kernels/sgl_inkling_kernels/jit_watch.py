@@ -23,9 +23,13 @@ _installed = False
 _warming = 0  # > 0 while a warm-up runs: its compiles are the point, not news
 
 
-def _hook(*, repr: str, **_kw) -> None:  # noqa: A002 - Triton's keyword
+def _hook(*, repr: str, compile: dict | None = None, **_kw) -> None:  # noqa: A002 - Triton's keywords
+    # Triton 3.6 builds `repr`'s argument list from a key layout it no longer has ("(Act: ()"), so the
+    # variant's signature, constants and divisibility come from its specialization data when present.
+    data = (compile or {}).get("specialization_data")
+    desc = f"{repr} {data}" if data else repr
     for fn in list(_listeners):
-        fn(repr)
+        fn(desc)
 
 
 def _install() -> None:

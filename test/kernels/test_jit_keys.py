@@ -131,3 +131,15 @@ def test_compile_warnings_are_quiet_during_a_warm_up(caplog):
             jit_watch._hook(repr="_kernel_a[...]")
         jit_watch._hook(repr="_kernel_b[...]")
     assert [r.getMessage().split(": ")[-1] for r in caplog.records] == ["_kernel_b[...]"]
+
+
+def test_compile_warning_names_the_variant(caplog):
+    # Triton 3.6's `repr` lists no argument types; the warning carries the specialization data (the
+    # signature, constants and divisibility that tell which variant warm-up missed).
+    from sgl_inkling_kernels import jit_watch
+
+    jit_watch.log_compiles_after_warmup()
+    data = '{"name": "_kernel_c", "signature": {"X": "*bf16", "n": "i32"}, "attrs": [[["tt.divisibility", 16]]]}'
+    with caplog.at_level("WARNING", logger=jit_watch.__name__):
+        jit_watch._hook(repr="_kernel_c[num_warps=4](X: ()", compile={"key": None, "specialization_data": data})
+    assert len(caplog.records) == 1 and caplog.records[0].getMessage().endswith(data)
