@@ -64,7 +64,10 @@ def config_of(d: dict) -> str:
         return f"H {c['hidden']}, I {c['inter']}, {c['experts']} experts, top-{c['top_k']}, {c['sinks']} sinks"
     if "config" in d:
         return d["config"]
-    name = str(d.get("server_args", {}).get("served_model_name") or "?")
+    server = d.get("server_args", {})
+    name = str(server.get("served_model_name") or "?")
+    if server.get("speculative_algorithm"):  # MTP serving is a table of its own, never the plain one
+        name += f", {server['speculative_algorithm']} {'adaptive' if server.get('speculative_adaptive') else 'fixed'}"
     mixed = d.get("enable_mixed_chunk")  # runs with and without --enable-mixed-chunk are two tables
     return name if mixed is None else f"{name}, mixed chunk {'on' if mixed else 'off'}"
 

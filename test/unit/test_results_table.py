@@ -119,11 +119,16 @@ def test_serving_with_and_without_mixed_chunk_are_two_tables_with_back_to_back(t
 
     for mixed, tok_s in ((True, 2100.0), (False, 1290.0)):
         (tmp_path / f"{mixed}.json").write_text(json.dumps(serving(mixed, tok_s)))
+    # A newer MTP run of the same served model without mixed chunks: a table of its own, not the plain one.
+    mtp = serving(False, 71.8) | {"timestamp": "tz"}
+    mtp["server_args"] = {"served_model_name": "inkling-slice", "speculative_algorithm": "MTP"}
+    (tmp_path / "mtp.json").write_text(json.dumps(mtp))
     text = results_table.render(results_table.load([tmp_path], include_cpu=False))
-    on, off = text.split("mixed chunk on")[1], text.split("mixed chunk off")[1].split("mixed chunk on")[0]
+    on, off = text.split("mixed chunk on")[1], text.split("inkling-slice, mixed chunk off")[1].split("mixed chunk")[0]
     assert "back-to-back tok/s" in text
     assert "| 2100.0 |" in on and "| 2060.0 | 1.02 | 0.50 |" in on
     assert "| 1290.0 |" in off and "| 2060.0 | 0.63 | 0.50 |" in off
+    assert "| 71.8 |" in text.split("inkling-slice, MTP fixed, mixed chunk off")[1].split("mixed chunk")[0]
 
 
 def _moe_doc(default_build: dict, variants: list[tuple[dict, float]]) -> dict:
