@@ -2,9 +2,11 @@
 (the launches they replaced), each against its bandwidth floor: bytes that must move / 4.3 TB/s.
 
     python benchmark/bench_decode_ops.py --batch-sizes 1 64 --result-file benchmark/results/bench_decode_ops.json
+    python benchmark/bench_decode_ops.py --batch-sizes 1 8 16 ...  # router_align: one launch possible up to batch 10
 
 Ops: q/k/v/r projection with its convs, norms and KV cache store (full and sliding layers), attention-output conv +
-residual + norm, FFN-output conv + residual, router (fp32 GEMM + top-k + sink weights), and decode
+residual + norm, FFN-output conv + residual, router (fp32 GEMM + top-k + sink weights), router_align (the router
+and the experts' pair layout, router_align_case), and decode
 attention at 8K and 128K contexts (full layer) and the 512 window (sliding). Each call of a graph
 gets its own inputs (weights too where they fit the 50 MB L2 many times over), so nothing is
 served from the L2 that a real step would stream. Timed with `bench_moe_nvfp4.time_graph`.
@@ -15,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -25,9 +28,11 @@ sys.path[:0] = [str(ROOT), str(ROOT / "kernels"), str(ROOT / "python")]
 from benchmark.bench_moe_nvfp4 import PEAK_TBS, time_graph  # noqa: E402
 from benchmark.bench_one_batch import git_commit  # noqa: E402
 from sgl_inkling_kernels.decode_attention import decode_attention, default_num_splits  # noqa: E402
+from sgl_inkling_kernels.fused_moe import SMALL_ALIGN_PAIRS, moe_align  # noqa: E402
+from sgl_inkling_kernels.moe_w4a16_cuda import cuda_block_m  # noqa: E402
 from sgl_inkling_kernels.qkvr_epilogue import qkvr_decode_epilogue  # noqa: E402
 from sgl_inkling_kernels.rmsnorm import fused_add_rmsnorm, rmsnorm  # noqa: E402
-from sgl_inkling_kernels.router import route, route_decode  # noqa: E402
+from sgl_inkling_kernels.router import route, route_decode, route_decode_aligned  # noqa: E402
 from sgl_inkling_kernels.sconv import sconv_decode  # noqa: E402
 from sgl_inkling_kernels.sconv_norm import sconv_add_decode, sconv_add_rmsnorm_decode  # noqa: E402
 
@@ -108,6 +113,28 @@ def router_case(bsz: int, calls: int):
     return fused, unfused, (E + S) * H * 4 + bsz * H * 2
 
 
+def router_align_case(bsz: int, calls: int):
+    """The router and the experts' pair layout (moe_align at the CUDA decode kernels' block size): made in
+    the routing launch (fused: route_decode_aligned, which takes at most SMALL_ALIGN_PAIRS pairs; the model
+    takes it up to ALIGNED_ROUTER_MAX_TOKENS tokens) against routing and moe_align in launches of their own
+    (unfused). Past SMALL_ALIGN_PAIRS pairs only the latter runs, timed as fused."""
+    sets = [dict(x=rnd(bsz, H), w=rnd(E + S, H, dtype=torch.float32, scale=0.02)) for _ in range(calls)]
+    bias, gs = rnd(E, dtype=torch.float32, scale=0.1), torch.ones(1, device="cuda")
+    block_m = cuda_block_m(bsz * TOPK, E, bsz)
+
+    def aligned(c):
+        d = sets[c]
+        route_decode_aligned(d["x"], d["w"], bias, gs, TOPK, 8.0, block_m)
+
+    def separate(c):
+        d = sets[c]
+        moe_align(route_decode(d["x"], d["w"], bias, gs, TOPK, 8.0)[0], E, block_m)
+
+    if bsz * TOPK > SMALL_ALIGN_PAIRS:
+        return separate, None, (E + S) * H * 4 + bsz * H * 2
+    return aligned, separate, (E + S) * H * 4 + bsz * H * 2
+
+
 def attention_case(bsz: int, calls: int, ctx: int, nkv: int, window: int | None, coverage: int = 8):
     slots = bsz * ctx + 1
     k_buf, v_buf = rnd(slots, nkv, HD), rnd(slots, nkv, HD)  # every sequence its own keys
@@ -136,24 +163,29 @@ def main() -> None:
     p.add_argument("--split-coverage", type=int, nargs="*", default=[],
                    help="also time decode attention with splits covering the SMs this many times (default 8)")
     p.add_argument("--result-file", type=Path, default=ROOT / "benchmark/results/bench_decode_ops_inkling.json")
+    p.add_argument("--ops", nargs="*", default=[], help="only these ops (names as in the JSON; default all)")
     args = p.parse_args()
     results = []
     for bsz in args.batch_sizes:
-        cases = {
-            "qkvr_full": qkvr_case(bsz, 8, args.calls),
-            "qkvr_sliding": qkvr_case(bsz, 16, args.calls),
-            "attn_conv_add_norm": conv_norm_case(bsz, args.calls, norm=True),
-            "ffn_conv_add": conv_norm_case(bsz, args.calls, norm=False),
-            "router": router_case(bsz, args.calls),
-            "attention_full_8k": attention_case(bsz, 2, 8192, 8, None),
-            "attention_sliding_512": attention_case(bsz, 2, 8192, 16, 512),
+        cases = {  # built only when run: --ops skips the others' buffers
+            "qkvr_full": partial(qkvr_case, bsz, 8, args.calls),
+            "qkvr_sliding": partial(qkvr_case, bsz, 16, args.calls),
+            "attn_conv_add_norm": partial(conv_norm_case, bsz, args.calls, norm=True),
+            "ffn_conv_add": partial(conv_norm_case, bsz, args.calls, norm=False),
+            "router": partial(router_case, bsz, args.calls),
+            "router_align": partial(router_align_case, bsz, args.calls),
+            "attention_full_8k": partial(attention_case, bsz, 2, 8192, 8, None),
+            "attention_sliding_512": partial(attention_case, bsz, 2, 8192, 16, 512),
         }
         if bsz == 1:
-            cases["attention_full_128k"] = attention_case(bsz, 2, 131072, 8, None)
+            cases["attention_full_128k"] = partial(attention_case, bsz, 2, 131072, 8, None)
         for cov in args.split_coverage:
-            cases[f"attention_full_8k@cov{cov}"] = attention_case(bsz, 2, 8192, 8, None, cov)
-            cases[f"attention_sliding_512@cov{cov}"] = attention_case(bsz, 2, 8192, 16, 512, cov)
-        for name, (fused, unfused, moved) in cases.items():
+            cases[f"attention_full_8k@cov{cov}"] = partial(attention_case, bsz, 2, 8192, 8, None, cov)
+            cases[f"attention_sliding_512@cov{cov}"] = partial(attention_case, bsz, 2, 8192, 16, 512, cov)
+        for name, case in cases.items():
+            if args.ops and name not in args.ops:
+                continue
+            fused, unfused, moved = case()
             calls = args.calls if name[:9] != "attention" else 2
             floor_us = moved / (PEAK_TBS * 1e12) * 1e6
             row = {"batch_size": bsz, "op": name, "bytes": moved, "floor_us": floor_us}

@@ -12,6 +12,8 @@ token routed to all of them, weighted by their sink gammas.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import torch.nn.functional as F
 
@@ -89,14 +91,16 @@ def _moe_down_kernel(
     tl.store(out_ptr, acc * gate[:, None], mask=valid[:, None] & n_ok[None, :])
 
 
-SMALL_ALIGN_PAIRS = 64  # up to this many (token, slot) pairs, one Triton program aligns them
+# Up to this many (token, slot) pairs one Triton program aligns them: every CUDA-graph decode batch
+# up to 21 tokens at top-6. At 64 pairs, batches of 11-16 tokens took the torch path, about 70 us a
+# layer on the H200 (bench_decode_ops router_align at batch 16, 625c8d3), for a [128, 128] comparison.
+SMALL_ALIGN_PAIRS = 128
 
 
-@triton.jit(do_not_specialize=["num_pairs", "max_blocks"])
-def _moe_align_small_kernel(
-    Ids, Pairs, BlockExpert, num_pairs, num_experts, max_blocks,
-    BLOCK_M: tl.constexpr, P: tl.constexpr, B: tl.constexpr,
-):  # fmt: skip
+@triton.jit
+def align_small(
+    Ids, Pairs, BlockExpert, num_pairs, num_experts, max_blocks, BLOCK_M: tl.constexpr, P: tl.constexpr
+):
     """moe_align for few pairs in one program: every quantity is a count over a [P, P] comparison
     (rank among the same expert, pairs and blocks of smaller experts), so no sort and no scan."""
     i = tl.arange(0, P)
@@ -115,12 +119,29 @@ def _moe_align_small_kernel(
     for b0 in range(0, max_blocks * BLOCK_M, P):
         o = b0 + i
         tl.store(Pairs + o, num_pairs + 0 * o, mask=o < max_blocks * BLOCK_M)
-    b = tl.arange(0, B)
-    tl.store(BlockExpert + b, -1 + 0 * b, mask=b < max_blocks)
+    for b0 in range(0, max_blocks, P):
+        o = b0 + i
+        tl.store(BlockExpert + o, -1 + 0 * o, mask=o < max_blocks)
     tl.debug_barrier()
     tl.store(Pairs + start * BLOCK_M + rank, i, mask=real)
-    own = (b[None, :] >= start[:, None]) & (b[None, :] < (start + nblk)[:, None]) & first[:, None]
-    tl.store(BlockExpert + b[None, :] + 0 * start[:, None], e[:, None] + 0 * b[None, :], mask=own)
+    for j in range(0, tl.max(nblk, 0)):  # block j of each expert, stored from the expert's first pair
+        tl.store(BlockExpert + start + j, e, mask=first & (j < nblk))
+
+
+@triton.jit(do_not_specialize=["num_pairs", "max_blocks"])
+def _moe_align_small_kernel(
+    Ids, Pairs, BlockExpert, num_pairs, num_experts, max_blocks, BLOCK_M: tl.constexpr, P: tl.constexpr
+):
+    align_small(Ids, Pairs, BlockExpert, num_pairs, num_experts, max_blocks, BLOCK_M, P)
+
+
+class Alignment(NamedTuple):
+    """moe_align(ids, E, block_m)'s (pairs, block_expert) for a batch's ids, made ahead of the experts
+    (router.route_aligned, in the routing launch); block_m says which block size it was made for."""
+
+    pairs: torch.Tensor
+    block_expert: torch.Tensor
+    block_m: int
 
 
 def chunk_cap(max_tokens: int) -> int:
@@ -161,17 +182,27 @@ def default_block_m(n_pairs: int, n_exp: int) -> int:
     return 32 if interpreting() else 64
 
 
-def moe_align(ids: torch.Tensor, num_experts: int, block_m: int) -> tuple[torch.Tensor, torch.Tensor]:
+def align_blocks(n_pairs: int, num_experts: int, block_m: int) -> int:
+    """Blocks of moe_align's layout: cdiv(P, block_m) + min(E + 1, P) bounds sum_e cdiv(count_e, block_m)."""
+    return -(-n_pairs // block_m) + min(num_experts + 1, n_pairs)
+
+
+def moe_align(
+    ids: torch.Tensor, num_experts: int, block_m: int, given: Alignment | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Sort (token, slot) pairs by expert, each expert's run padded to a multiple of block_m.
 
     Returns (pairs [max_blocks * block_m]: flat pair index or num_pairs for padding,
-    block_expert [max_blocks]: the expert of each block or -1 past the end). Device ops only;
-    max_blocks = cdiv(P, block_m) + min(E + 1, P) bounds sum_e cdiv(count_e, block_m). Id E (an expert
-    held by another rank under expert parallelism) is sorted into a last run that is never computed.
+    block_expert [max_blocks]: the expert of each block or -1 past the end; max_blocks: align_blocks).
+    Device ops only. Id E (an expert held by another rank under expert parallelism) is sorted into a
+    last run that is never computed. `given`: this layout made ahead for these ids (the router's),
+    taken when it was made for this block_m.
     """
+    if given is not None and given.block_m == block_m:
+        return given.pairs, given.block_expert
     flat = ids.reshape(-1)
     n_pairs = flat.numel()
-    max_blocks = -(-n_pairs // block_m) + min(num_experts + 1, n_pairs)
+    max_blocks = align_blocks(n_pairs, num_experts, block_m)
     if ids.is_cuda and 0 < n_pairs <= SMALL_ALIGN_PAIRS:
         # Decode at small batch: one launch instead of a dozen tiny torch kernels (sort, scans,
         # scatters), which cost more than the experts' own math at batch 1.
@@ -197,14 +228,13 @@ def moe_align_small(
     """moe_align's layout from one Triton program, for at most SMALL_ALIGN_PAIRS pairs (the blocks of
     foreign ids are left out rather than put last: neither is ever computed)."""
     n_pairs = flat.numel()
-    if n_pairs > SMALL_ALIGN_PAIRS or max_blocks > 2 * SMALL_ALIGN_PAIRS:
+    if n_pairs > SMALL_ALIGN_PAIRS:
         raise ValueError(f"moe_align_small takes at most {SMALL_ALIGN_PAIRS} pairs, got {n_pairs}")
     pairs = torch.empty(max_blocks * block_m, dtype=torch.int64, device=flat.device)
     block_expert = torch.empty(max_blocks, dtype=torch.int64, device=flat.device)
     # Shapes are constexpr-free except BLOCK_M, so serving compiles this once per block size.
     _moe_align_small_kernel[(1,)](
-        flat.contiguous(), pairs, block_expert, n_pairs, num_experts, max_blocks,
-        BLOCK_M=block_m, P=SMALL_ALIGN_PAIRS, B=2 * SMALL_ALIGN_PAIRS,
+        flat.contiguous(), pairs, block_expert, n_pairs, num_experts, max_blocks, BLOCK_M=block_m, P=SMALL_ALIGN_PAIRS
     )  # fmt: skip
     return pairs, block_expert
 
@@ -217,6 +247,7 @@ def _experts_into(
     weights: torch.Tensor,
     out: torch.Tensor,  # [T, top_k, H] fp32 view: slot s of token t gets weight * expert(x_t)
     block_m: int | None,
+    alignment: Alignment | None = None,
 ) -> None:
     t, top_k = ids.shape
     n_exp, two_i, h = w13.shape
@@ -224,7 +255,7 @@ def _experts_into(
     n_pairs = t * top_k
     if block_m is None:
         block_m = default_block_m(n_pairs, n_exp)
-    pairs, block_expert = moe_align(ids, n_exp, block_m)
+    pairs, block_expert = moe_align(ids, n_exp, block_m, alignment)
     act = torch.empty(n_pairs, inter, dtype=x.dtype, device=x.device)
     upcast, prec = dot_mode(x.dtype)
     bn, bk = (16, 16) if interpreting() else (64, 128)
@@ -260,6 +291,7 @@ def fused_moe(
     block_m: int | None = None,
     max_tokens: int = 4096,
     foreign_ids: bool = False,  # ids may be E (experts on other ranks): their pairs contribute zero
+    alignment: Alignment | None = None,  # the router's moe_align of ids, used if for this block_m
 ) -> torch.Tensor:
     """sum_k w_k E_k(x) (+ sum_s gamma_s Shared_s(x)), summed in fp32, returned in x's dtype.
 
@@ -277,7 +309,7 @@ def fused_moe(
     out = alloc(t, k + n_shared, x.shape[1], dtype=torch.float32, device=x.device)
     if t == 0:
         return torch.zeros_like(x)
-    _experts_into(x, w13, w2, ids.contiguous(), weights.contiguous(), out[:, :k], block_m)
+    _experts_into(x, w13, w2, ids.contiguous(), weights.contiguous(), out[:, :k], block_m, alignment)
     if n_shared:
         _check(shared_w13, shared_w2)
         shared_ids = torch.arange(n_shared, device=x.device).expand(t, n_shared).contiguous()

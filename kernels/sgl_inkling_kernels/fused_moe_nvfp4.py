@@ -6,7 +6,8 @@ in registers (nvfp4_decode); bf16 MMA with fp32 accumulation, the
 per-expert scale2 applied to the accumulator. The sink ("shared") experts are BF16 programs of
 the same two launches, placed first in the grid: they are the heaviest programs, so the light
 routed ones fill in behind them instead of leaving a tail. Launches: moe_align (routed pairs
-sorted by expert, device-only), gate/up + SwiGLU, down scaled by the routing weight into a
+sorted by expert, device-only; none when the router made that layout: `alignment`), gate/up + SwiGLU,
+down scaled by the routing weight into a
 per-(token, slot) fp32 buffer, and a slot sum that skips foreign pairs (experts held by another
 rank). Every shape depends only on (tokens, top_k, experts): no host sync, CUDA-graph capturable.
 
@@ -30,7 +31,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from sgl_inkling_kernels._triton import dot_mode, interpreting, mm, next_pow2, require_triton, tl, triton
-from sgl_inkling_kernels.fused_moe import chunk_cap, default_block_m, moe_align, over_token_chunks
+from sgl_inkling_kernels.fused_moe import Alignment, chunk_cap, default_block_m, moe_align, over_token_chunks
 from sgl_inkling_kernels.moe_launch import launch_up_down
 from sgl_inkling_kernels.moe_nvfp4_gemv import INTERPRETER_GEMV_TILES, GemvTiles, moe_nvfp4_gemv
 from sgl_inkling_kernels.moe_w4a16_cuda import CudaTiles, default_cuda_tiles, moe_w4a16_decode, usable
@@ -241,6 +242,7 @@ def fused_moe_nvfp4(
     tiles: Tiles | GemvTiles | CudaTiles | None = None,  # default: CUDA decode kernels, else default_tiles
     asm: bool | None = None,  # bf16 decode in PTX (default on the GPU for bf16 x)
     layout: str = "checkpoint",  # of the codes: "mma" (nvfp4_layout.to_mma_layout) for the CUDA decode kernels
+    alignment: Alignment | None = None,  # the router's moe_align of ids, used if for this path's block_m
 ) -> torch.Tensor:
     """fused_moe(x, dequantize_nvfp4(w13..), dequantize_nvfp4(w2..), ids, weights, sinks...) without
     ever materialising the dequantized experts; [T, H] in x's dtype, summed in fp32.
@@ -283,9 +285,9 @@ def fused_moe_nvfp4(
     s13, s2 = w13_scale.view(torch.uint8), w2_scale.view(torch.uint8)
     if isinstance(tiles, CudaTiles):  # decode on the GPU: the CUDA W4A16 MMA kernels
         moe_w4a16_decode(x, w13, s13, w13_scale2, w2, s2, w2_scale2, ids, weights, shared_w13, shared_w2, gam, act,
-                         out, tiles)  # fmt: skip
+                         out, tiles, alignment)  # fmt: skip
     elif isinstance(tiles, GemvTiles):  # decode: row-block GEMVs
-        pairs, block_expert = moe_align(ids, n_exp, tiles.bm)
+        pairs, block_expert = moe_align(ids, n_exp, tiles.bm, alignment)
         gemv_sinks = n_shared if t <= tiles.sink_max else 0
         # fp32 activations (x and act): the FMAs take them as they are, with no widening per weight
         act32 = torch.empty(act.shape, dtype=torch.float32, device=x.device) if x.dtype != torch.float32 else act
@@ -299,7 +301,7 @@ def fused_moe_nvfp4(
         if x.dtype == torch.float32 and not interpreting():  # fp32 (tests): 4-byte tiles must fit shared memory
             tiles = replace(tiles, kb=min(tiles.kb, 32), bk_sink=min(tiles.bk_sink, 64), stages=min(tiles.stages, 2))
         block_m = default_block_m(n_pairs, n_exp)
-        pairs, block_expert = moe_align(ids, n_exp, block_m)
+        pairs, block_expert = moe_align(ids, n_exp, block_m, alignment)
         _mma(x, w13, s13, w13_scale2, w2, s2, w2_scale2, pairs, block_expert, weights, shared_w13, shared_w2, gam,
              act, out, tiles, block_m, use_asm, mma_layout=mma_layout)  # fmt: skip
     y = torch.empty_like(x)

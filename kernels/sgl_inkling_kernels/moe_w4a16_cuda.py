@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 from sgl_inkling_kernels.cuda_build import load_cuda_library
-from sgl_inkling_kernels.fused_moe import moe_align
+from sgl_inkling_kernels.fused_moe import Alignment, moe_align
 from sgl_inkling_kernels.sink_gemv import MAX_TOKENS as GEMV_MAX_TOKENS
 from sgl_inkling_kernels.sink_gemv import sinks_gemv
 
@@ -98,6 +98,11 @@ class CudaTiles:
     # at batch 1 / 8 / 64 against 130.7 / 562.9 / 2585 (removed since); at f93a6c1 pdl, one mma chain,
     # 128-byte L2 prefetch and 2-warp CTAs were within 2% (results/diagnostics/moe_issue_bound_62db06d).
 
+    @property
+    def block_m(self) -> int:
+        """(token, slot) pairs of one expert per block: 8 a column tile."""
+        return 8 * self.nt
+
     def __post_init__(self):
         if self.lean not in (0, 1):
             raise ValueError(f"CudaTiles: lean is 0 or 1, got {self.lean}")
@@ -168,6 +173,12 @@ def default_cuda_tiles(n_pairs: int, n_exp: int, tokens: int) -> CudaTiles:
     one_launch = tokens <= BUILD.one_launch_max and not BUILD.sink_stream
     split = 0 if one_launch else BUILD.split_sinks
     return replace(BUILD, nt=nt, split_sinks=split)
+
+
+def cuda_block_m(n_pairs: int, n_exp: int, tokens: int) -> int:
+    """The block size of the pairs' layout (moe_align) that the decode kernels take for this batch by
+    default: the model has the router make that layout ahead (route_decode_aligned)."""
+    return default_cuda_tiles(n_pairs, n_exp, tokens).block_m
 
 
 def sink_nt(t: int) -> int:
@@ -243,17 +254,18 @@ def ring_for(tiles: CudaTiles, s13: torch.Tensor, s2: torch.Tensor) -> CudaTiles
 
 
 def moe_w4a16_decode(x, w13, s13, g13, w2, s2, g2, ids, weights, sw13, sw2, gam, act, out,
-                     tiles: CudaTiles) -> None:  # fmt: skip
+                     tiles: CudaTiles, alignment: Alignment | None = None) -> None:  # fmt: skip
     """Fill out (and act) for the routed pairs and the sinks (in the same launches when the batch
     fits tiles.kernel_sink_max, else through cuBLAS, on a side stream with tiles.sink_stream). The
-    codes w13, w2 are in the mma layout (nvfp4_layout.to_mma_layout)."""
+    codes w13, w2 are in the mma layout (nvfp4_layout.to_mma_layout). alignment: moe_align of ids
+    made ahead, used if made for tiles.block_m."""
     tiles = ring_for(tiles, s13, s2)
     lib = _library(tiles.defines())
     t, k = weights.shape
     n_pairs = t * k
     n_exp = w13.shape[0]
-    pairs, block_expert = moe_align(ids, n_exp, 8 * tiles.nt)
-    w32 = weights.reshape(-1).float()
+    pairs, block_expert = moe_align(ids, n_exp, tiles.block_m, alignment)
+    w32 = weights.reshape(-1).float()  # the router's weights are fp32 already: no copy
     in_kernel = sw13 is not None and not tiles.sink_stream and t <= min(tiles.kernel_sink_max, MAX_SINK_TOKENS)
     side = None
     if sw13 is not None and not in_kernel and tiles.sink_stream:

@@ -5,13 +5,16 @@ A kernel compiles once per set of constexprs and specialised int arguments. The 
 from the model's shapes, plus a few choices made from the token count: extensions of at most
 SHORT_EXTEND tokens per sequence run as decode queries, the router's fp32 GEMM runs in our kernel
 up to FUSED_ROUTER_MAX_TOKENS, and the fused MoE takes large row blocks once a batch has
-4 (token, expert) pairs per local expert; with NVFP4 experts on a CUDA GPU, batches of up to
+4 (token, expert) pairs per local expert. For the smallest batches (ALIGNED_ROUTER_MAX_TOKENS) the
+router's launch also lays out the experts' pairs, a variant per block size of that layout (the batch's
+size picks it: MoE.align_block_m). With NVFP4 experts on a CUDA GPU, batches of up to
 CUDA_MAX_PAIRS_PER_EXPERT pairs per expert take the CUDA decode kernels (one build of every
 variant, at the first call), whose BF16 sinks are Triton GEMVs with one variant per token tile
 (sink_gemv.WARMUP_TOKENS), and longer ones the Triton MMA kernels. The kernels mark their batch-dependent ints
 `do_not_specialize` and ForwardBatch keeps each index tensor 16-byte aligned (Triton also keys on pointer
 alignment), so one batch down each path is enough: extends of 1 token, SHORT_EXTEND, one
-past it, one past the router limit and one past the MoE's (each on a 1-token cached prefix), a
+past it, one past the router limit, one past the MoE's and the first of each block size of the
+router's pair layout (each on a 1-token cached prefix), a
 mixed one (one past SHORT_EXTEND beside one token), and eager decode steps at batch 1 and at the
 largest batch (graph capture covers its own buckets).
 test/kernels/test_no_new_kernel_keys.py checks on the CPU that a mixed workload needs nothing more.
@@ -46,6 +49,11 @@ def extend_lengths(model, device: torch.device = torch.device("cpu")) -> list[in
     moe = [m for m in model.modules() if isinstance(m, MoE)]
     big = max((-(-4 * m.experts.num_local // m.gate.top_k) + 1 for m in moe), default=1)
     want = {1, SHORT_EXTEND, SHORT_EXTEND + 1, FUSED_ROUTER_MAX_TOKENS + 1, big}
+    for m in moe:  # the router's launch for each block size of the pair layout it makes, or for none
+        first = {}
+        for t in range(1, FUSED_ROUTER_MAX_TOKENS + 1):
+            first.setdefault(m.align_block_m(t), t)
+        want |= set(first.values())
     if device.type == "cuda" and any(m.experts.nvfp4 for m in moe):
         # Past the CUDA decode kernels of NVFP4 experts: the Triton MMA ones. Inside them the BF16
         # sinks' GEMVs compile one variant per token tile.

@@ -30,11 +30,22 @@ def _conv_rmsnorm(dt):
     return ("sconv_norm", "_rmsnorm_blocks_kernel", ptr, dict(BLOCK_N=32, BLOCK_C=256), ("eps",), 4)
 
 
-def _router(dt):
-    ptr = {"Logits": "*fp32", "Bias": "*fp32", "GlobalScale": "*fp32", "Ids": "*i64", "Weights": f"*{dt}",
-           "SharedWeights": f"*{dt}"}  # fmt: skip
-    consts = dict(E=256, S=2, TOPK=6, PARTS=12, BLOCK_E=256, BLOCK_S=2, BLOCK_K=8)
+def _router(dt, aligned=False):
+    # Weights are fp32 holding values rounded to the activations' dtype (ROUND).
+    import triton.language as tl
+
+    ptr = {"Logits": "*fp32", "Bias": "*fp32", "GlobalScale": "*fp32", "Ids": "*i64", "Weights": "*fp32",
+           "SharedWeights": "*fp32", "Pairs": "*i64", "BlockExpert": "*i64"}  # fmt: skip
+    consts = dict(E=256, S=2, TOPK=6, PARTS=12, BLOCK_E=256, BLOCK_S=2, BLOCK_K=8,
+                  ROUND=tl.bfloat16 if dt == "bf16" else tl.float32)  # fmt: skip
+    if aligned:
+        return ("router", "_route_align_kernel", ptr, consts | dict(BLOCK_M=8, P=8), ("route_scale",), 1)
     return ("router", "_router_kernel", ptr, consts, ("route_scale",), 1)
+
+
+def _align_small():
+    ptr = {"Ids": "*i64", "Pairs": "*i64", "BlockExpert": "*i64"}
+    return ("fused_moe", "_moe_align_small_kernel", ptr, dict(BLOCK_M=8, P=128), (), 4)
 
 
 def _router_gemv(dt):
@@ -60,7 +71,8 @@ CASES = (
     [_qkvr(dt, c) for dt in ("bf16", "fp32") for c in (False, True)]
     + [_conv_norm(dt, n) for dt in ("bf16", "fp32") for n in (False, True)]
     + [_conv_rmsnorm(dt) for dt in ("bf16", "fp32")]
-    + [_router(dt) for dt in ("bf16", "fp32")]
+    + [_router(dt, aligned) for dt in ("bf16", "fp32") for aligned in (False, True)]
+    + [_align_small()]
     + [_router_gemv(dt) for dt in ("bf16", "fp32")]
     + [_split(dt, tau) for dt in ("bf16", "fp32") for tau in (False, True)]
     + [_merge()]

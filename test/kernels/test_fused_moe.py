@@ -64,6 +64,25 @@ def test_fused_moe_routed_only_and_block_sizes(block_m):
     torch.testing.assert_close(got, fused_moe_ref(x, w13, w2, ids, weights), atol=1e-4, rtol=1e-4)
 
 
+def test_fused_moe_takes_the_router_alignment():
+    """Given the router's alignment (route_aligned) for its block size, fused_moe gives bit for bit what
+    it gives aligning for itself, and uses it (a misplaced layout changes the output)."""
+    from sgl_inkling_kernels.fused_moe import Alignment, default_block_m
+    from sgl_inkling_kernels.router import route_aligned
+
+    e, s, k, h, i, t = 8, 2, 2, 32, 16, 7
+    x, w13, w2, _, _, sw13, sw2, _ = _problem(e, s, k, h, i, t, torch.float32, seed=8)
+    logits = torch.randn(t, e + s, generator=torch.Generator().manual_seed(8)).to(DEVICE)
+    bias, gs = torch.zeros(e, device=DEVICE), torch.ones(1, device=DEVICE)
+    ids, w, gam, align = route_aligned(logits, bias, gs, k, 2.0, x.dtype, default_block_m(t * k, e))
+    want = fused_moe(x, w13, w2, ids, w, sw13, sw2, gam)
+    torch.testing.assert_close(want, fused_moe_ref(x, w13, w2, ids, w, sw13, sw2, gam), atol=1e-4, rtol=1e-4)
+    assert torch.equal(fused_moe(x, w13, w2, ids, w, sw13, sw2, gam, alignment=align), want)
+    be = align.block_expert
+    misplaced = Alignment(align.pairs, torch.where(be >= 0, (be + 1) % e, be), align.block_m)
+    assert not torch.equal(fused_moe(x, w13, w2, ids, w, sw13, sw2, gam, alignment=misplaced), want)
+
+
 def test_fused_moe_token_chunks_agree():
     args = _problem(*SHAPES[-1], torch.float32, seed=6)
     torch.testing.assert_close(fused_moe(*args, max_tokens=3), fused_moe(*args), atol=1e-5, rtol=1e-5)
@@ -96,7 +115,7 @@ def test_fused_moe_skips_foreign_experts():
     torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
 
 
-@pytest.mark.parametrize("tokens,top_k,experts,block_m", [(1, 6, 256, 16), (1, 2, 2, 16), (5, 6, 256, 16), (10, 6, 8, 16), (3, 4, 8, 64)])
+@pytest.mark.parametrize("tokens,top_k,experts,block_m", [(1, 6, 256, 16), (1, 2, 2, 16), (5, 6, 256, 16), (10, 6, 8, 16), (3, 4, 8, 64), (21, 6, 256, 8), (16, 6, 16, 8)])
 def test_moe_align_small_equals_the_sorting_version(tokens, top_k, experts, block_m):
     """The one-program layout is the torch version's: experts in order, each run padded to block_m,
     pairs in index order within an expert; ids == experts (held by another rank) are left out."""

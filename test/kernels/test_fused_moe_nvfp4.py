@@ -15,11 +15,12 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported
 pytest.importorskip("triton")
 
-from sgl_inkling_kernels.fused_moe import fused_moe_ref  # noqa: E402
+from sgl_inkling_kernels.fused_moe import Alignment, default_block_m, fused_moe_ref, moe_align  # noqa: E402
 from sgl_inkling_kernels.fused_moe_nvfp4 import INTERPRETER_TILES, Tiles, default_tiles, fused_moe_nvfp4  # noqa: E402
 from sgl_inkling_kernels.moe_nvfp4_gemv import INTERPRETER_GEMV_TILES, GemvTiles  # noqa: E402
 from sgl_inkling_kernels.moe_w4a16_cuda import CudaTiles  # noqa: E402
 from sgl_inkling_kernels.nvfp4_layout import to_mma_layout  # noqa: E402
+from sgl_inkling_kernels.router import route_aligned  # noqa: E402
 
 CUDA = torch.cuda.is_available()
 DEVICE = "cuda" if CUDA else "cpu"
@@ -139,6 +140,64 @@ def test_foreign_ids_contribute_zero(with_sinks, tiles):
                           tiles=tiles)  # fmt: skip
     want = _reference(x, w13, w2, ids, torch.where(foreign, 0.0, weights), *sinks)
     _assert_close(got, want, torch.float32)
+
+
+def _router_problem(e, s, k, h, i, t, dtype, seed, block_m):
+    """A problem routed as the model's decode routes it (route_aligned: fp32 weights, the pairs' layout
+    for block_m made in the routing launch)."""
+    x, w13, w2, _, _, sw13, sw2, _ = _problem(e, s, k, h, i, t, dtype, seed)
+    logits = torch.randn(t, e + s, generator=torch.Generator().manual_seed(seed)).to(DEVICE)
+    bias, gscale = torch.zeros(e, device=DEVICE), torch.ones(1, device=DEVICE)
+    routed = route_aligned(logits, bias, gscale, k, 2.0, dtype, block_m)
+    return x, w13, w2, sw13, sw2, *routed
+
+
+def _misplaced(align: Alignment, e: int) -> Alignment:
+    """The alignment with every block given the next expert: a layout that, if used, changes the output."""
+    be = align.block_expert
+    return Alignment(align.pairs, torch.where(be >= 0, (be + 1) % e, be), align.block_m)
+
+
+@pytest.mark.parametrize("path", ["gemv", "mma"])
+def test_router_alignment_gives_the_same_output(path):
+    """Given the router's alignment for the block size its path takes, fused_moe_nvfp4 gives bit for bit
+    what it gives aligning for itself; an alignment for another block size is left aside; and the
+    alignment is what it uses (a misplaced one changes the output)."""
+    e, s, k, h, i, t = 5, 2, 2, 48, 32, 3
+    tiles = MMA if path == "mma" else default_tiles(t * k, e)
+    block_m = default_block_m(t * k, e) if path == "mma" else tiles.bm
+    x, w13, w2, sw13, sw2, ids, w, gam, align = _router_problem(e, s, k, h, i, t, torch.float32, 21, block_m)
+
+    def run(alignment):
+        return fused_moe_nvfp4(x, *w13, *w2, ids, w, sw13, sw2, gam, tiles=tiles, alignment=alignment)
+
+    want = run(None)
+    _assert_close(want, _reference(x, w13, w2, ids, w, sw13, sw2, gam), torch.float32)
+    assert torch.equal(run(align), want)
+    other = Alignment(*moe_align(ids, e, 2 * block_m), 2 * block_m)
+    assert torch.equal(run(_misplaced(other, e)), want)
+    assert not torch.equal(run(_misplaced(align, e)), want)
+
+
+@pytest.mark.skipif(not CUDA, reason="CUDA kernels")
+@pytest.mark.parametrize("tiles", [None, CudaTiles(nt=2)], ids=["default", "nt2"])
+def test_cuda_decode_takes_the_router_alignment(tiles):
+    """The CUDA decode kernels given the router's alignment for their block size (cuda_block_m for the
+    default tiles): bit for bit what they give aligning for themselves, and near the reference."""
+    from sgl_inkling_kernels.moe_w4a16_cuda import cuda_block_m
+
+    e, s, k, h, i, t = 16, 2, 6, 256, 128, 5  # 30 pairs over 16 experts: blocks of 16 hold several
+    block_m = tiles.block_m if tiles else cuda_block_m(t * k, e, t)
+    x, w13, w2, sw13, sw2, ids, w, gam, align = _router_problem(e, s, k, h, i, t, torch.bfloat16, 23, block_m)
+
+    def run(alignment):
+        return fused_moe_nvfp4(x, *_mma(w13), *_mma(w2), ids, w, sw13, sw2, gam, layout="mma", tiles=tiles,
+                               alignment=alignment)  # fmt: skip
+
+    want = run(None)
+    _assert_close(want, _reference(x, w13, w2, ids, w, sw13, sw2, gam), torch.bfloat16)
+    assert torch.equal(run(align), want)
+    assert not torch.equal(run(_misplaced(align, e)), want)
 
 
 def test_tile_masks_and_token_chunks():

@@ -179,6 +179,27 @@ def test_decode_router_in_kernels_matches_module(model):
     torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
 
 
+def test_decode_moe_takes_the_alignment_from_the_router(model, monkeypatch):
+    """A one-token MoE (BF16 experts) has the router lay out the experts' pairs (route_decode_aligned, at
+    fused_moe's block size) and gives the module's result; larger batches route and align apart."""
+    import sgl_inkling.models.inkling.moe as moe_mod
+    from sgl_inkling_kernels.fused_moe import default_block_m
+
+    moe = model.model.llm.layers[2].mlp
+    calls = []
+    real = moe_mod.route_decode_aligned
+    monkeypatch.setattr(moe_mod, "route_decode_aligned", lambda *a: calls.append(a[-1]) or real(*a))
+    for t in (1, 3):
+        x = _x(t, 64, seed=31 + t)
+        with kernel_dispatch(True):
+            got = moe(x)
+        with kernel_dispatch(False):
+            want = moe(x)
+        torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+    assert moe_mod.ALIGNED_ROUTER_MAX_TOKENS < 3
+    assert calls == [default_block_m(moe.gate.top_k, moe.experts.num_local)]  # the one-token batch only
+
+
 def test_unfused_switch_takes_the_old_kernels(model, monkeypatch):
     """profile_decode's "before": inside unfused_decode the decode projection skips the packed GEMM."""
     import sgl_inkling.models.inkling.attention as attention_mod

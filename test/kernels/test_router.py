@@ -89,3 +89,97 @@ def test_route_decode_includes_the_gemm(t, dtype, parts):
     tol = 1e-5 if dtype == torch.float32 else 1e-2
     torch.testing.assert_close(got[1].float(), want[1].float(), atol=tol, rtol=tol)
     torch.testing.assert_close(sh.float(), sh_r.float(), atol=tol, rtol=tol)
+
+
+def _stable_topk(logits, bias, k):
+    """Top-k routed ids by score, ties to the lower index (a stable sort), in selection order."""
+    score = logits[:, : bias.shape[0]].float().sigmoid() + bias.float()
+    return torch.sort(-score, dim=-1, stable=True).indices[:, :k]
+
+
+# (routed experts, shared experts, top-k): Inkling's routing, and few experts so that pairs share them
+# and blocks of 16 hold several.
+ALIGNED = [(256, 2, 6), (16, 2, 6)]
+
+
+@pytest.mark.parametrize("geometry", ALIGNED, ids=["inkling", "16-experts"])
+@pytest.mark.parametrize("t", [1, 3, 10])
+@pytest.mark.parametrize("block_m", [8, 16])
+@pytest.mark.parametrize("ties", [False, True])
+def test_route_aligned_is_route_and_moe_align(geometry, t, block_m, ties):
+    """Routing and alignment in one program: the routing equals route's (same kernels' math) and the
+    reference's (ids by a stable sort, weights to bf16's rounding), the layout the sorting moe_align's."""
+    from sgl_inkling_kernels.fused_moe import moe_align
+    from sgl_inkling_kernels.router import route_aligned
+
+    e, s, k = geometry
+    g = torch.Generator().manual_seed(100 * t + block_m + ties)
+    parts = torch.randn(3, t, e + s, generator=g)  # split-K partials, summed in the kernel
+    bias = 0.5 * torch.randn(e, generator=g)
+    if ties:  # equal scores (so equal logits: bias 0), several across the top-k boundary
+        parts = torch.cat([(4 * parts.sum(0, keepdim=True)).round() / 4, torch.zeros(2, t, e + s)])
+        bias = torch.zeros(e)
+    parts, bias, gscale = parts.to(DEVICE), bias.to(DEVICE), torch.tensor([1.3]).to(DEVICE)
+    ids, w, sh, align = route_aligned(parts, bias, gscale, k, 8.0, torch.bfloat16, block_m)
+
+    want = route(parts, bias, gscale, k, 8.0, torch.bfloat16)
+    for got_t, want_t in zip((ids, w, sh), want):
+        assert torch.equal(got_t, want_t)
+    logits = parts.sum(0)
+    assert torch.equal(ids, _stable_topk(logits, bias, k))
+    ref = route_ref(logits, bias, gscale, k, 8.0, torch.bfloat16)
+    if not ties:
+        assert torch.equal(ids.sort(-1).values, ref[0].sort(-1).values)
+    # fp32 weights holding bf16 values: what the bf16 router gives, to its rounding
+    assert w.dtype == sh.dtype == torch.float32
+    assert torch.equal(w, w.bfloat16().float()) and torch.equal(sh, sh.bfloat16().float())
+    # by value: tied experts (equal logits) have equal weights, whichever of them topk took
+    torch.testing.assert_close(w.sort(-1).values, ref[1].float().sort(-1).values, atol=1e-2, rtol=1e-2)
+    torch.testing.assert_close(sh, ref[2].float(), atol=1e-2, rtol=1e-2)
+
+    pairs, block_expert = moe_align(ids.cpu(), e, block_m)  # the sorting version (CPU tensors)
+    assert align.block_m == block_m
+    assert torch.equal(align.pairs.cpu(), pairs)
+    assert torch.equal(align.block_expert.cpu(), block_expert)
+
+
+def test_route_decode_aligned_includes_the_gemm():
+    """The router GEMV then routing + alignment: route_decode's routing, moe_align's layout."""
+    from sgl_inkling_kernels.fused_moe import moe_align
+    from sgl_inkling_kernels.router import route_decode, route_decode_aligned
+
+    e, s, k, h = (256, 2, 6, 6144) if CUDA else (16, 2, 6, 1100)
+    g = torch.Generator().manual_seed(7)
+    x = torch.randn(4, h, generator=g).to(DEVICE, torch.bfloat16)
+    w = (0.1 * torch.randn(e + s, h, generator=g)).to(DEVICE)
+    bias = (0.5 * torch.randn(e, generator=g)).to(DEVICE)
+    gscale = torch.tensor([1.3]).to(DEVICE)
+    ids, wts, sh, align = route_decode_aligned(x, w, bias, gscale, k, 8.0, 8)
+    for got, want in zip((ids, wts, sh), route_decode(x, w, bias, gscale, k, 8.0)):
+        assert torch.equal(got, want)
+    pairs, block_expert = moe_align(ids.cpu(), e, 8)
+    assert torch.equal(align.pairs.cpu(), pairs) and torch.equal(align.block_expert.cpu(), block_expert)
+
+
+def test_route_aligned_refuses_more_pairs_than_one_program_aligns():
+    from sgl_inkling_kernels.fused_moe import SMALL_ALIGN_PAIRS
+    from sgl_inkling_kernels.router import route_aligned
+
+    t = SMALL_ALIGN_PAIRS // 6 + 1  # t tokens x 6 pairs: past what one program aligns
+    logits = torch.randn(t, 18, device=DEVICE)
+    with pytest.raises(ValueError, match="pairs"):
+        route_aligned(
+            logits, torch.zeros(16, device=DEVICE), torch.ones(1, device=DEVICE), 6, 1.0, torch.float32, 8
+        )
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_router_weights_are_fp32_rounded_to_the_activations_dtype(dtype):
+    """The expert kernels read fp32 weights: the router stores them so, holding the values the model's
+    router gives in the activations' dtype."""
+    g = torch.Generator().manual_seed(11)
+    logits = (3.0 * torch.randn(5, 60 + 3, generator=g)).to(DEVICE)
+    bias = (0.5 * torch.randn(60, generator=g)).to(DEVICE)
+    ids, w, sh = route(logits, bias, torch.tensor([1.3]).to(DEVICE), 7, 8.0, dtype)
+    assert w.dtype == sh.dtype == torch.float32
+    assert torch.equal(w, w.to(dtype).float()) and torch.equal(sh, sh.to(dtype).float())

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import pytest
 
+import sgl_inkling_kernels._triton  # noqa: F401  # first: it turns the interpreter on (CPU) before Triton loads
+
 triton = pytest.importorskip("triton")
 
 from triton.backends.compiler import BaseBackend  # noqa: E402
@@ -58,3 +60,13 @@ def test_nvfp4_moe_kernels_key_the_same_for_every_token_count(module, kernel):
     # Per token: top-k pairs, one token, and (2 sinks) up to two sink blocks.
     for name, per_token in (("num_pairs", TOP_K), ("T", 1), ("n_sink_blocks", 2)):
         assert len({compile_key(k, name, t * per_token) for t in range(1, 300)}) == 1, name
+
+
+def test_router_kernels_key_the_same_for_every_token_count():
+    from sgl_inkling_kernels import router
+
+    n = 258  # Inkling's routed + sink experts: logits per token
+    k = router._route_align_kernel
+    for name, per_token in (("T", 1), ("stride_lp", n), ("max_blocks", TOP_K + 1)):
+        assert len({compile_key(k, name, t * per_token) for t in range(1, 11)}) == 1, name
+    assert len({compile_key(router._router_kernel, "stride_lp", t * n) for t in range(1, 300)}) == 1

@@ -86,6 +86,31 @@ def test_experts_in_the_kernel_code_layout_give_the_same_logits(paths, models):
     assert rel_err(got, prompt_logits(seq_runner(models[1]), random_prompt(40, 2))) <= 1e-5
 
 
+def test_kernel_moe_of_one_token_matches_the_torch_path(paths):
+    """A one-token MoE on the kernel path (the router's launch that also lays out the pairs where the CUDA
+    decode kernels' layout asks for it, then fused_moe_nvfp4 in the interpreter) gives the torch path's
+    output, in the checkpoint's code layout and in the mma one (whose CUDA block size the CPU's kernels do
+    not take: they align for themselves)."""
+    from sgl_inkling.models.inkling.moe import MoE
+    from sgl_inkling_kernels._triton import kernel_dispatch
+    from sgl_inkling_kernels.nvfp4_layout import to_mma_layout
+
+    model = load_model(paths[0], torch.float32, "cpu", progress=False)
+    moe = next(m for m in model.modules() if isinstance(m, MoE) and m.experts.nvfp4)
+    x = torch.randn(1, model.cfg.hidden_size, generator=torch.Generator().manual_seed(5))
+    for layout in ("checkpoint", "mma"):
+        if layout == "mma":
+            for p in (moe.experts.w13_weight, moe.experts.w2_weight):
+                to_mma_layout(p.data, inplace=True)
+            moe.experts.code_layout = "mma"
+        assert (moe.align_block_m(1) is None) == (layout == "checkpoint")
+        with torch.no_grad(), kernel_dispatch(True):
+            got = moe(x)
+        with torch.no_grad(), kernel_dispatch(False):
+            want = moe(x)
+        assert rel_err(got, want) <= 1e-5, layout
+
+
 @pytest.fixture(scope="module")
 def greedy(models):
     return tuple(greedy_batch(m) for m in models)
