@@ -91,10 +91,10 @@ def _moe_down_kernel(
     tl.store(out_ptr, acc * gate[:, None], mask=valid[:, None] & n_ok[None, :])
 
 
-# Up to this many (token, slot) pairs one Triton program aligns them: every CUDA-graph decode batch
-# up to 21 tokens at top-6. At 64 pairs, batches of 11-16 tokens took the torch path, about 70 us a
-# layer on the H200 (bench_decode_ops router_align at batch 16, 625c8d3), for a [128, 128] comparison.
-SMALL_ALIGN_PAIRS = 128
+# Up to this many (token, slot) pairs one Triton program aligns them (a [P, P] comparison). Not 128:
+# on the H200 (bb4af7a, bench_decode_ops router_align) that program took about 42 us at every batch,
+# against about 3.6 at P = 64 and about 55 for the torch sort at 16 tokens.
+SMALL_ALIGN_PAIRS = 64
 
 
 @triton.jit

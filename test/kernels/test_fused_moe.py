@@ -115,7 +115,7 @@ def test_fused_moe_skips_foreign_experts():
     torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
 
 
-@pytest.mark.parametrize("tokens,top_k,experts,block_m", [(1, 6, 256, 16), (1, 2, 2, 16), (5, 6, 256, 16), (10, 6, 8, 16), (3, 4, 8, 64), (21, 6, 256, 8), (16, 6, 16, 8)])
+@pytest.mark.parametrize("tokens,top_k,experts,block_m", [(1, 6, 256, 16), (1, 2, 2, 16), (5, 6, 256, 16), (10, 6, 8, 16), (3, 4, 8, 64)])
 def test_moe_align_small_equals_the_sorting_version(tokens, top_k, experts, block_m):
     """The one-program layout is the torch version's: experts in order, each run padded to block_m,
     pairs in index order within an expert; ids == experts (held by another rank) are left out."""
