@@ -150,17 +150,30 @@ def chunk_cap(max_tokens: int) -> int:
     return max_tokens + max_tokens // 8
 
 
+CHUNK_ALIGN = 16  # rows: chunk boundaries on a multiple keep every per-token view 16-byte aligned
+
+
 def token_chunks(t: int, max_tokens: int) -> list[tuple[int, int]]:
-    """[a, b) row ranges covering t rows in as few chunks of at most chunk_cap(max_tokens) as can be,
-    their lengths differing by at most one. A mixed step (an 8K-token prefill chunk and 32 decode
-    riders) cut at 4096 left the riders a chunk of their own, which streamed every expert they hit
-    again through the decode kernels: 5 ms of a 318 ms step on the H200 at 065fcad."""
-    n = max(1, -(-t // chunk_cap(max_tokens)))
-    base, extra = divmod(t, n)
-    bounds = [0]
-    for i in range(n):
-        bounds.append(bounds[-1] + base + (i < extra))
-    return list(zip(bounds[:-1], bounds[1:]))
+    """[a, b) row ranges covering t rows in as few chunks of at most chunk_cap(max_tokens) as can be
+    (one more where t is within CHUNK_ALIGN rows a chunk of that), of about equal lengths. A mixed step (an 8K-token prefill chunk and 32 decode riders) cut at 4096
+    left the riders a chunk of their own, which streamed every expert they hit again through the
+    decode kernels: 5 ms of a 318 ms step on the H200 at 065fcad. Where the cap allows, every boundary
+    is a multiple of CHUNK_ALIGN rows (the remainder goes to the last chunk): Triton keys a kernel on
+    each pointer's 16-byte alignment, and a chunk starting on an odd row gave the routing weights'
+    views ([T, k] and [T, S] fp32) a variant warm-up never compiled (bench_one_batch's 64 x 1,024-token
+    prefill on the H200 at bb4af7a)."""
+    cap = chunk_cap(max_tokens)
+    n = max(1, -(-t // cap))
+    unit = CHUNK_ALIGN if cap >= 4 * CHUNK_ALIGN else 1  # tiny caps (tests): rows as they come
+    while True:
+        base, extra = divmod(t // unit, n)
+        bounds = [0]
+        for i in range(n):
+            bounds.append(bounds[-1] + (base + (i < extra)) * unit)
+        bounds[-1] = t  # the rows past the last whole unit
+        if all(b - a <= cap for a, b in zip(bounds, bounds[1:])):
+            return list(zip(bounds[:-1], bounds[1:]))
+        n += 1
 
 
 def over_token_chunks(x, ids, weights, shared_weights, max_tokens: int, run) -> torch.Tensor:

@@ -12,6 +12,7 @@ if not torch.cuda.is_available():
 pytest.importorskip("triton")
 
 from sgl_inkling_kernels.fused_moe import (  # noqa: E402
+    CHUNK_ALIGN,
     chunk_cap,
     fused_moe,
     fused_moe_ref,
@@ -88,6 +89,25 @@ def test_fused_moe_token_chunks_agree():
     torch.testing.assert_close(fused_moe(*args, max_tokens=3), fused_moe(*args), atol=1e-5, rtol=1e-5)
 
 
+def test_token_chunks_launch_no_kernel_variant_the_first_chunk_did_not():
+    """Chunks past the first start on a multiple of CHUNK_ALIGN rows, so the routing weights' views
+    ([T, k] and [T, S] fp32: 8 bytes a token here) keep the first chunk's 16-byte pointer alignment,
+    which Triton keys its variants on: a long prefill compiles nothing warm-up's one chunk did not.
+    (Cut evenly, 151 rows made chunks from rows 51 and 101, 408 and 808 bytes into the weights.)"""
+    from sgl_inkling_kernels.jit_keys import record_keys
+
+    x, w13, w2, ids, weights, sw13, sw2, gammas = _problem(8, 2, 2, 32, 16, 151, torch.float32, seed=9)
+    chunks = token_chunks(151, 64)
+    assert len(chunks) == 3 and all(a % 16 == 0 for a, _ in chunks)
+    a, b = chunks[0]
+    with record_keys() as first:
+        want = fused_moe(x[a:b], w13, w2, ids[a:b], weights[a:b], sw13, sw2, gammas[a:b], max_tokens=64)
+    with record_keys() as whole:
+        got = fused_moe(x, w13, w2, ids, weights, sw13, sw2, gammas, max_tokens=64)
+    assert whole.new_since(first.keys()) == []
+    torch.testing.assert_close(got[a:b], want, atol=1e-6, rtol=1e-6)
+
+
 def test_moe_align_covers_every_pair_once():
     ids = torch.tensor([[3, 1], [3, 0], [1, 3], [7, 3]], device=DEVICE)
     pairs, block_expert = moe_align(ids, 8, 2)
@@ -150,6 +170,14 @@ def test_token_chunks_split_evenly_within_the_cap():
             got = token_chunks(t, max_tokens)
             assert [a for a, _ in got] == [0] + [b for _, b in got[:-1]] and got[-1][1] == t
             fewest = -(-t // cap)
-            assert len(got) == fewest and all(b - a <= cap for a, b in got)
-            assert min(b - a for a, b in got) == t // fewest  # the best shortest chunk for that count
+            assert all(0 < b - a <= cap for a, b in got)
+            if cap < 4 * CHUNK_ALIGN:  # rows as they come: the best shortest chunk for that count
+                assert len(got) == fewest and min(b - a for a, b in got) == t // fewest
+            else:  # whole units of CHUNK_ALIGN rows, as even as those allow (the remainder last); one
+                # chunk more only within CHUNK_ALIGN rows a chunk of the fewest count's cap
+                assert len(got) == fewest or (len(got) == fewest + 1 and t > fewest * (cap - CHUNK_ALIGN))
+                assert all(a % CHUNK_ALIGN == 0 for a, _ in got)
+                units = [(b - a) // CHUNK_ALIGN for a, b in got]
+                assert max(units) - min(units) <= 1
     assert token_chunks(8192 + 32, 4096) == [(0, 4112), (4112, 8224)]
+    assert token_chunks(8193, 4096) == [(0, 4096), (4096, 8193)]  # cut evenly: a chunk from row 4097
