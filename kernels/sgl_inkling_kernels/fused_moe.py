@@ -155,9 +155,10 @@ CHUNK_ALIGN = 16  # rows: chunk boundaries on a multiple keep every per-token vi
 
 def token_chunks(t: int, max_tokens: int) -> list[tuple[int, int]]:
     """[a, b) row ranges covering t rows in as few chunks of at most chunk_cap(max_tokens) as can be
-    (one more where t is within CHUNK_ALIGN rows a chunk of that), of about equal lengths. A mixed step (an 8K-token prefill chunk and 32 decode riders) cut at 4096
-    left the riders a chunk of their own, which streamed every expert they hit again through the
-    decode kernels: 5 ms of a 318 ms step on the H200 at 065fcad. Where the cap allows, every boundary
+    (one more where t is within CHUNK_ALIGN rows a chunk of that), of about equal lengths. A mixed
+    step (an 8K-token prefill chunk and 32 decode riders) cut at 4096 left the riders a chunk of
+    their own, which streamed every expert they hit again through the decode kernels: 5 ms of a
+    318 ms step on the H200 at 065fcad. Where the cap allows, every boundary
     is a multiple of CHUNK_ALIGN rows (the remainder goes to the last chunk): Triton keys a kernel on
     each pointer's 16-byte alignment, and a chunk starting on an odd row gave the routing weights'
     views ([T, k] and [T, S] fp32) a variant warm-up never compiled (bench_one_batch's 64 x 1,024-token

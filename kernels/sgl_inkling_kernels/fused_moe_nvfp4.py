@@ -6,10 +6,9 @@ in registers (nvfp4_decode); bf16 MMA with fp32 accumulation, the
 per-expert scale2 applied to the accumulator. The sink ("shared") experts are BF16 programs of
 the same two launches, placed first in the grid: they are the heaviest programs, so the light
 routed ones fill in behind them instead of leaving a tail. Launches: moe_align (routed pairs
-sorted by expert, device-only; none when the router made that layout: `alignment`), gate/up + SwiGLU,
-down scaled by the routing weight into a
-per-(token, slot) fp32 buffer, and a slot sum that skips foreign pairs (experts held by another
-rank). Every shape depends only on (tokens, top_k, experts): no host sync, CUDA-graph capturable.
+sorted by expert, device-only; none when the router made that layout: `alignment`), gate/up +
+SwiGLU, down scaled by the routing weight into a per-(token, slot) fp32 buffer, and a slot sum that
+skips foreign pairs (experts held by another rank). Every shape depends only on (tokens, top_k, experts): no host sync, CUDA-graph capturable.
 
 The N tile is the grid's fast axis, so batch 1 (6 experts x 1 row) still spreads over every SM.
 To read each tile's bytes contiguously the codes of a row are split by nibble: the low nibbles
