@@ -340,9 +340,9 @@ __device__ __forceinline__ Col column(const Blocks& b, int blk, int n, int bm, b
   } else {
     const int64_t pair = b.pairs[(int64_t)(blk - b.n_sink_blocks) * bm + n];
     c.ok = pair < b.n_pairs;
-    const int64_t p = c.ok ? pair : 0;
-    c.tok = (int)(p / b.topk);
-    c.slot = (int)(p % b.topk);
+    const int p = c.ok ? static_cast<int>(pair) : 0;  // < n_pairs, an int: 32-bit division, not 64
+    c.tok = p / b.topk;
+    c.slot = p % b.topk;
     c.act_row = p;
     c.in_row = up ? c.tok : p;
   }
@@ -361,16 +361,21 @@ struct Args {
 };
 
 // A tile's start: this thread's B column (g) of every column tile of block blk, its input row and
-// whether it is a real column, and zeroed accumulators.
+// whether it is a real column, and zeroed accumulators. A padding column's row is the block's first
+// column's (always real in a block that runs): the loops that load activations without predicates
+// then read no row beyond the block's own (at batch 64 about 1.5 real columns a block, so a third
+// fewer distinct activation bytes than reading row 0 as well); its products reach only its own
+// outputs, which finish_tile never writes.
 template <int NT>
 __device__ __forceinline__ void start_tile(const Args& a, const Blocks& b, int blk, int g, bool up, bool sink, int s,
                                            const __nv_bfloat16* (&xrow)[NT], bool (&xok)[NT], float (&acc)[NT][4],
                                            float (&acc2)[NT][4]) {
 #pragma unroll
   for (int i = 0; i < NT; ++i) {
-    const Col c = column(b, blk, 8 * i + g, 8 * NT, up, sink, s);
-    xrow[i] = a.in + c.in_row * a.s_in;
+    Col c = column(b, blk, 8 * i + g, 8 * NT, up, sink, s);
     xok[i] = c.ok;
+    if (!c.ok) c = column(b, blk, 0, 8 * NT, up, sink, s);
+    xrow[i] = a.in + c.in_row * a.s_in;
   }
 #pragma unroll
   for (int i = 0; i < NT; ++i)
@@ -486,6 +491,9 @@ __device__ __forceinline__ WChunk<true> row_chunk(const uint4 (&ring)[kWarps][S]
 #ifndef MOE_LEAN  // row ring, one column tile: the stage loop with its addresses hoisted (row_ring_lean)
 #define MOE_LEAN 0
 #endif
+#ifndef MOE_X_AHEAD  // row_ring_lean: each chunk's activations loaded a chunk of products ahead
+#define MOE_X_AHEAD 0
+#endif
 
 // A value the compiler must keep in a register: it can no longer recompute it from what it was
 // computed from (without this, ptxas rematerialises every hoisted address inside the loop). These
@@ -520,8 +528,8 @@ template <typename T>
 // source rows, predicates and zeroed activations anew each stage). Here every lane's source pointers,
 // shared-memory slots and read offsets are set once; a stage adds the slot's offset and advances the
 // pointers. The activations are loaded for the whole stage without predicates: a padding column
-// reads row 0 (column() points it there), and a column's products only reach its own outputs, which
-// finish_tile never writes for padding. Same copies, same order of products as row_ring_products.
+// reads its block's first column's row (start_tile), and a column's products only reach its own
+// outputs, which finish_tile never writes for padding. Same copies, same order of products as row_ring_products.
 template <int S, bool UP>
 __device__ __forceinline__ void row_ring_lean(uint4 (&ring)[kWarps][S][16][8], uint2 (&sc)[kWarps][S][16][2],
                                               const uint8_t* codes, int64_t s_cr, const uint8_t* scales,
@@ -576,22 +584,31 @@ __device__ __forceinline__ void row_ring_lean(uint4 (&ring)[kWarps][S][16][8], u
   const __nv_bfloat16* xp = opaque(xrow + warp * 2 * kChunk + lane4 * 32);  // chunk 2 sp of the warp's first stage
   const __nv_bfloat16* const xr[1] = {xrow};
   const bool ok[1] = {true};
+  auto load_xv = [](const __nv_bfloat16* p, uint32_t(&xv)[16]) {  // a lane's 32 activations of one chunk
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      const uint4 v = __ldg(reinterpret_cast<const uint4*>(p) + q);
+      xv[4 * q] = v.x;
+      xv[4 * q + 1] = v.y;
+      xv[4 * q + 2] = v.z;
+      xv[4 * q + 3] = v.w;
+    }
+  };
+  uint32_t xv[2][16];  // chunk 1's only where it exists: its products are skipped otherwise
+#if MOE_X_AHEAD
+  // A stage's first chunk of activations is loaded during the previous stage's second chunk of
+  // products, its second during its first: every load has a chunk of products to arrive in (without,
+  // each stage's first mma waits an L2 round trip: Nsight Compute at 957bcda, batch 64 over 256 experts,
+  // finds a third of the warps' stall samples on that wait), in the same 32 registers.
+  if (warp < n_stages) load_xv(xp, xv[0]);
+#endif
   for (int i = 0; warp + kWarps * i < n_stages; ++i) {
     const int sp = warp + kWarps * i;
     const bool full = 2 * sp + 1 < n_chunks;
-    uint32_t xv[2][16];  // chunk 1's only where it exists: its products are skipped otherwise
-#pragma unroll
-    for (int c = 0; c < 2; ++c)
-#pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        if (c == 0 || full) {
-          const uint4 v = __ldg(reinterpret_cast<const uint4*>(xp + c * kChunk) + q);
-          xv[c][4 * q] = v.x;
-          xv[c][4 * q + 1] = v.y;
-          xv[c][4 * q + 2] = v.z;
-          xv[c][4 * q + 3] = v.w;
-        }
-      }
+#if !MOE_X_AHEAD
+    load_xv(xp, xv[0]);
+#endif
+    if (full) load_xv(xp + kChunk, xv[1]);
     xp += kWarps * 2 * kChunk;
     const uint32_t so = (i % S) * kStage, sso = (i % S) * kScStage;
     cp_async_wait<S - 2>();
@@ -607,6 +624,9 @@ __device__ __forceinline__ void row_ring_lean(uint4 (&ring)[kWarps][S][16][8], u
     __syncwarp();  // before the stage is refilled
     issue();
     compute_chunk<true, 1, true>(acc, acc2, ch[0], xr, ok, kRowSpan * sp, lane4, xv[0]);
+#if MOE_X_AHEAD
+    if (sp + kWarps < n_stages) load_xv(xp, xv[0]);  // the next stage's first chunk
+#endif
     if (full) compute_chunk<true, 1, true>(acc, acc2, ch[1], xr, ok, kRowSpan * sp + 1, lane4, xv[1]);
   }
   cp_async_wait<0>();
