@@ -97,10 +97,12 @@ class CudaTiles:
     # and a 3-stage ring with 6 CTAs all measured equal or slower, 129.3-137.8 / 562.9-615.1 / 2585-2869 us
     # at batch 1 / 8 / 64 against 130.7 / 562.9 / 2585 (removed since); at f93a6c1 pdl, one mma chain,
     # 128-byte L2 prefetch and 2-warp CTAs were within 2% (results/diagnostics/moe_issue_bound_62db06d).
-    # x_ahead: since lean the routed launches at batch 64 are no longer issue-bound (Nsight Compute at 957bcda:
-    # 58% of issue slots, DRAM 75%, L2 92%); a third of the warps' stall samples wait on the activation loads
-    # at the start of each stage (long scoreboard), which x_ahead issues a chunk of products earlier.
-    x_ahead: int = 0
+    # With lean the routed launches at batch 64 are no longer bound by issue (Nsight Compute at 957bcda,
+    # results/diagnostics/moe_x_ahead_7f29064: 58% of issue slots, 2.7 instructions a weight, DRAM 75%, L2 92%;
+    # a third of the stall samples wait on each stage's activation loads). Loading them a chunk of products
+    # ahead in the lean loop (same 96 registers) measured 113.0 / 440.5 / 2093.1 us at batch 1 / 8 / 64 against
+    # 113.0 / 417.8 / 2092.7 at 7f29064 and was removed again; reading fewer distinct activation rows (a padding
+    # column takes its block's first row, csrc start_tile) gained 4%.
 
     @property
     def block_m(self) -> int:
@@ -110,16 +112,14 @@ class CudaTiles:
     def __post_init__(self):
         if self.lean not in (0, 1):
             raise ValueError(f"CudaTiles: lean is 0 or 1, got {self.lean}")
-        if self.x_ahead not in (0, 1):  # read by the lean loop only (a chunk-ring fallback ignores it)
-            raise ValueError(f"CudaTiles: x_ahead is 0 or 1, got {self.x_ahead}")
         if self.x_prefetch and self.cp_async:
             raise ValueError("CudaTiles: x_prefetch is for the register ring, not with cp_async")
 
     def defines(self) -> tuple[tuple[str, int], ...]:
         names = ("MOE_L2_PREFETCH", "MOE_WARPS", "MOE_DUAL_ACC", "MOE_X_PREFETCH", "MOE_CP_ASYNC", "MOE_SPLIT_SINKS",
-                 "MOE_PDL", "MOE_ROW_RING", "MOE_LEAN", "MOE_X_AHEAD")  # fmt: skip
+                 "MOE_PDL", "MOE_ROW_RING", "MOE_LEAN")  # fmt: skip
         values = (self.l2, self.warps, self.dual_acc, self.x_prefetch, self.cp_async, self.split_sinks, self.pdl,
-                  self.row_ring, self.lean, self.x_ahead)  # fmt: skip
+                  self.row_ring, self.lean)  # fmt: skip
         return tuple(zip(names, values))
 
 

@@ -291,13 +291,6 @@ CUDA_CASES = [
     ((12, 0, 3, 640, 384, 3), CudaTiles(nt=1, lean=1, warps=1, row_ring=2)),
     ((33, 2, 6, 512, 256, 5), CudaTiles(nt=1, lean=1, warps=2, row_ring=3, sink_stream=0, split_sinks=0)),
     ((9, 1, 4, 256, 512, 40), CudaTiles(nt=2, lean=1, warps=1, row_ring=3)),
-    # ... with each chunk's activations loaded a chunk ahead: full width at batch 1 and 64, a half last
-    # stage (I 384) and odd stage counts per warp (H 640), one warp, the sinks in the kernel
-    ((8, 2, 6, 6144, 3072, 1), CudaTiles(nt=1, lean=1, x_ahead=1)),
-    ((8, 2, 6, 6144, 3072, 64), CudaTiles(nt=1, lean=1, x_ahead=1)),
-    ((8, 2, 6, 6144, 384, 1), CudaTiles(nt=1, lean=1, x_ahead=1)),
-    ((12, 0, 3, 640, 384, 3), CudaTiles(nt=1, lean=1, warps=1, row_ring=2, x_ahead=1)),
-    ((33, 2, 6, 512, 256, 5), CudaTiles(nt=1, lean=1, x_ahead=1, sink_stream=0, split_sinks=0)),
 ]
 
 
@@ -306,8 +299,6 @@ def _case_id(case) -> str:
     a process of their own: a kernel fault poisons its process's CUDA context)."""
     shape, tiles = case
     ring = "default" if tiles is None else "lean" if tiles.lean else "row_ring" if tiles.row_ring else "chunk"
-    if tiles is not None and tiles.x_ahead:
-        ring += "_ahead"
     return ring + "-" + "x".join(map(str, shape))
 
 

@@ -362,10 +362,10 @@ struct Args {
 
 // A tile's start: this thread's B column (g) of every column tile of block blk, its input row and
 // whether it is a real column, and zeroed accumulators. A padding column's row is the block's first
-// column's (always real in a block that runs): the loops that load activations without predicates
-// then read no row beyond the block's own (at batch 64 about 1.5 real columns a block, so a third
-// fewer distinct activation bytes than reading row 0 as well); its products reach only its own
-// outputs, which finish_tile never writes.
+// column's (always real in a block that runs), so the lean loop, which loads activations without
+// predicates, reads no row beyond the block's own: at batch 64 (about 1.5 real columns a block)
+// reading row 0 as well cost 4% of the MoE's time (H200 at 7f29064: 2092.7 us against 2178.6, batch 8
+// 417.8 against 438.3). Its products reach only its own outputs, which finish_tile never writes.
 template <int NT>
 __device__ __forceinline__ void start_tile(const Args& a, const Blocks& b, int blk, int g, bool up, bool sink, int s,
                                            const __nv_bfloat16* (&xrow)[NT], bool (&xok)[NT], float (&acc)[NT][4],
@@ -491,9 +491,6 @@ __device__ __forceinline__ WChunk<true> row_chunk(const uint4 (&ring)[kWarps][S]
 #ifndef MOE_LEAN  // row ring, one column tile: the stage loop with its addresses hoisted (row_ring_lean)
 #define MOE_LEAN 0
 #endif
-#ifndef MOE_X_AHEAD  // row_ring_lean: each chunk's activations loaded a chunk of products ahead
-#define MOE_X_AHEAD 0
-#endif
 
 // A value the compiler must keep in a register: it can no longer recompute it from what it was
 // computed from (without this, ptxas rematerialises every hoisted address inside the loop). These
@@ -584,31 +581,22 @@ __device__ __forceinline__ void row_ring_lean(uint4 (&ring)[kWarps][S][16][8], u
   const __nv_bfloat16* xp = opaque(xrow + warp * 2 * kChunk + lane4 * 32);  // chunk 2 sp of the warp's first stage
   const __nv_bfloat16* const xr[1] = {xrow};
   const bool ok[1] = {true};
-  auto load_xv = [](const __nv_bfloat16* p, uint32_t(&xv)[16]) {  // a lane's 32 activations of one chunk
-#pragma unroll
-    for (int q = 0; q < 4; ++q) {
-      const uint4 v = __ldg(reinterpret_cast<const uint4*>(p) + q);
-      xv[4 * q] = v.x;
-      xv[4 * q + 1] = v.y;
-      xv[4 * q + 2] = v.z;
-      xv[4 * q + 3] = v.w;
-    }
-  };
-  uint32_t xv[2][16];  // chunk 1's only where it exists: its products are skipped otherwise
-#if MOE_X_AHEAD
-  // A stage's first chunk of activations is loaded during the previous stage's second chunk of
-  // products, its second during its first: every load has a chunk of products to arrive in (without,
-  // each stage's first mma waits an L2 round trip: Nsight Compute at 957bcda, batch 64 over 256 experts,
-  // finds a third of the warps' stall samples on that wait), in the same 32 registers.
-  if (warp < n_stages) load_xv(xp, xv[0]);
-#endif
   for (int i = 0; warp + kWarps * i < n_stages; ++i) {
     const int sp = warp + kWarps * i;
     const bool full = 2 * sp + 1 < n_chunks;
-#if !MOE_X_AHEAD
-    load_xv(xp, xv[0]);
-#endif
-    if (full) load_xv(xp + kChunk, xv[1]);
+    uint32_t xv[2][16];  // chunk 1's only where it exists: its products are skipped otherwise
+#pragma unroll
+    for (int c = 0; c < 2; ++c)
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        if (c == 0 || full) {
+          const uint4 v = __ldg(reinterpret_cast<const uint4*>(xp + c * kChunk) + q);
+          xv[c][4 * q] = v.x;
+          xv[c][4 * q + 1] = v.y;
+          xv[c][4 * q + 2] = v.z;
+          xv[c][4 * q + 3] = v.w;
+        }
+      }
     xp += kWarps * 2 * kChunk;
     const uint32_t so = (i % S) * kStage, sso = (i % S) * kScStage;
     cp_async_wait<S - 2>();
@@ -624,9 +612,6 @@ __device__ __forceinline__ void row_ring_lean(uint4 (&ring)[kWarps][S][16][8], u
     __syncwarp();  // before the stage is refilled
     issue();
     compute_chunk<true, 1, true>(acc, acc2, ch[0], xr, ok, kRowSpan * sp, lane4, xv[0]);
-#if MOE_X_AHEAD
-    if (sp + kWarps < n_stages) load_xv(xp, xv[0]);  // the next stage's first chunk
-#endif
     if (full) compute_chunk<true, 1, true>(acc, acc2, ch[1], xr, ok, kRowSpan * sp + 1, lane4, xv[1]);
   }
   cp_async_wait<0>();
