@@ -135,7 +135,10 @@ def router_align_case(bsz: int, calls: int):
     return aligned, separate, (E + S) * H * 4 + bsz * H * 2
 
 
-def attention_case(bsz: int, calls: int, ctx: int, nkv: int, window: int | None, coverage: int = 8):
+def attention_case(bsz: int, calls: int, ctx: int, nkv: int, window: int | None, coverage: int = 8,
+                   launch: tuple[int, int, int] = (64, 4, 2)):  # fmt: skip
+    """launch: the split kernel's (block_n, num_warps, num_stages)."""
+    block_n, warps, stages = launch
     slots = bsz * ctx + 1
     k_buf, v_buf = rnd(slots, nkv, HD), rnd(slots, nkv, HD)  # every sequence its own keys
     table = (1 + torch.arange(bsz * ctx, device="cuda")).view(bsz, ctx)
@@ -144,12 +147,12 @@ def attention_case(bsz: int, calls: int, ctx: int, nkv: int, window: int | None,
     rel_table = rnd(DREL, window or 1024)
     sets = [dict(q=rnd(bsz, NH, HD), rel=rnd(bsz, NH, DREL)) for _ in range(calls)]
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    splits = default_num_splits(bsz, nkv, window or ctx, 64, sms, coverage)
+    splits = default_num_splits(bsz, nkv, window or ctx, block_n, sms, coverage)
 
     def fused(c):
         d = sets[c]
         decode_attention(d["q"], k_buf, v_buf, table, rows, pos, d["rel"], rel_table, None, 1 / HD, window,
-                         num_splits=splits, block_n=64)  # fmt: skip
+                         num_splits=splits, block_n=block_n, num_warps=warps, num_stages=stages)  # fmt: skip
 
     keys = min(ctx, window or ctx)
     return fused, None, bsz * keys * nkv * HD * 2 * 2 + bsz * NH * (HD + DREL) * 2 * 2
@@ -164,6 +167,8 @@ def main() -> None:
                    help="also time decode attention with splits covering the SMs this many times (default 8)")
     p.add_argument("--result-file", type=Path, default=ROOT / "benchmark/results/bench_decode_ops_inkling.json")
     p.add_argument("--ops", nargs="*", default=[], help="only these ops (names as in the JSON; default all)")
+    p.add_argument("--attn-launches", nargs="*", default=[], metavar="BN,WARPS,STAGES",
+                   help="also time decode attention (8K full, 1K full, 512 window) with these split-kernel launches")
     args = p.parse_args()
     results = []
     for bsz in args.batch_sizes:
@@ -179,6 +184,11 @@ def main() -> None:
         }
         if bsz == 1:
             cases["attention_full_128k"] = partial(attention_case, bsz, 2, 131072, 8, None)
+        for spec in args.attn_launches:
+            launch = tuple(int(v) for v in spec.split(","))
+            cases[f"attention_full_8k@{spec}"] = partial(attention_case, bsz, 2, 8192, 8, None, 8, launch)
+            cases[f"attention_full_1k@{spec}"] = partial(attention_case, bsz, 2, 1024, 8, None, 8, launch)
+            cases[f"attention_sliding_512@{spec}"] = partial(attention_case, bsz, 2, 8192, 16, 512, 8, launch)
         for cov in args.split_coverage:
             cases[f"attention_full_8k@cov{cov}"] = partial(attention_case, bsz, 2, 8192, 8, None, cov)
             cases[f"attention_sliding_512@cov{cov}"] = partial(attention_case, bsz, 2, 8192, 16, 512, cov)

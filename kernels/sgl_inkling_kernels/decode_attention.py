@@ -148,8 +148,11 @@ def decode_attention(
     window: int | None,
     num_splits: int | None = None,
     block_n: int | None = None,
+    num_warps: int = 4,
+    num_stages: int = 2,
 ) -> torch.Tensor:
-    """Attention output [B, heads * head_dim] in q's dtype. No host synchronisation."""
+    """Attention output [B, heads * head_dim] in q's dtype. No host synchronisation. num_warps /
+    num_stages: the split kernel's launch (benchmark sweeps; serving takes the defaults)."""
     require_triton()
     bsz, heads, dim = q.shape
     kv_heads = k_buf.shape[1]
@@ -178,7 +181,7 @@ def decode_attention(
         G=groups, BLOCK_G=next_pow2(groups, 16), D=dim, BLOCK_D=block_d, R=d_rel,
         BLOCK_R=next_pow2(d_rel, 16), BLOCK_N=block_n,
         HAS_TAU=tau is not None, HAS_WINDOW=window is not None, UPCAST=upcast, PREC=prec,
-        num_warps=4, num_stages=2,
+        num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip
     _decode_merge_kernel[(bsz, heads)](
         part_o, part_lse, out, out.stride(0), num_splits,
