@@ -3,6 +3,7 @@
 
     python benchmark/bench_decode_ops.py --batch-sizes 1 64 --result-file benchmark/results/bench_decode_ops.json
     python benchmark/bench_decode_ops.py --batch-sizes 1 8 16 ...  # router_align: one launch possible up to batch 10
+    python benchmark/bench_decode_ops.py --ops router_align --batch-sizes 11 16 32 64 85  # moe_align's sort vs torch
 
 Ops: q/k/v/r projection with its convs, norms and KV cache store (full and sliding layers), attention-output conv +
 residual + norm, FFN-output conv + residual, router (fp32 GEMM + top-k + sink weights), router_align (the router
@@ -28,7 +29,13 @@ sys.path[:0] = [str(ROOT), str(ROOT / "kernels"), str(ROOT / "python")]
 from benchmark.bench_moe_nvfp4 import PEAK_TBS, time_graph  # noqa: E402
 from benchmark.bench_one_batch import git_commit  # noqa: E402
 from sgl_inkling_kernels.decode_attention import decode_attention, default_num_splits  # noqa: E402
-from sgl_inkling_kernels.fused_moe import SMALL_ALIGN_PAIRS, moe_align  # noqa: E402
+from sgl_inkling_kernels.fused_moe import (  # noqa: E402
+    SMALL_ALIGN_PAIRS,
+    SORT_ALIGN_PAIRS,
+    _moe_align_torch,
+    align_blocks,
+    moe_align,
+)
 from sgl_inkling_kernels.moe_w4a16_cuda import cuda_block_m  # noqa: E402
 from sgl_inkling_kernels.qkvr_epilogue import qkvr_decode_epilogue  # noqa: E402
 from sgl_inkling_kernels.rmsnorm import fused_add_rmsnorm, rmsnorm  # noqa: E402
@@ -117,10 +124,13 @@ def router_align_case(bsz: int, calls: int):
     """The router and the experts' pair layout (moe_align at the CUDA decode kernels' block size): made in
     the routing launch (fused: route_decode_aligned, which takes at most SMALL_ALIGN_PAIRS pairs; the model
     takes it up to ALIGNED_ROUTER_MAX_TOKENS tokens) against routing and moe_align in launches of their own
-    (unfused). Past SMALL_ALIGN_PAIRS pairs only the latter runs, timed as fused."""
+    (unfused). Past SMALL_ALIGN_PAIRS pairs, up to SORT_ALIGN_PAIRS (batch 85), the routing launch and
+    moe_align's one sorting program (fused) against the routing launch and moe_align's torch launches
+    (unfused); past that only the latter runs, timed as fused."""
     sets = [dict(x=rnd(bsz, H), w=rnd(E + S, H, dtype=torch.float32, scale=0.02)) for _ in range(calls)]
     bias, gs = rnd(E, dtype=torch.float32, scale=0.1), torch.ones(1, device="cuda")
     block_m = cuda_block_m(bsz * TOPK, E, bsz)
+    n_pairs = bsz * TOPK
 
     def aligned(c):
         d = sets[c]
@@ -130,9 +140,17 @@ def router_align_case(bsz: int, calls: int):
         d = sets[c]
         moe_align(route_decode(d["x"], d["w"], bias, gs, TOPK, 8.0)[0], E, block_m)
 
-    if bsz * TOPK > SMALL_ALIGN_PAIRS:
-        return separate, None, (E + S) * H * 4 + bsz * H * 2
-    return aligned, separate, (E + S) * H * 4 + bsz * H * 2
+    def separate_torch(c):
+        d = sets[c]
+        ids = route_decode(d["x"], d["w"], bias, gs, TOPK, 8.0)[0]
+        _moe_align_torch(ids.reshape(-1), E, block_m, align_blocks(n_pairs, E, block_m))
+
+    moved = (E + S) * H * 4 + bsz * H * 2
+    if n_pairs <= SMALL_ALIGN_PAIRS:
+        return aligned, separate, moved
+    if n_pairs <= SORT_ALIGN_PAIRS:
+        return separate, separate_torch, moved
+    return separate, None, moved
 
 
 def attention_case(bsz: int, calls: int, ctx: int, nkv: int, window: int | None, coverage: int = 8,

@@ -135,6 +135,85 @@ def _moe_align_small_kernel(
     align_small(Ids, Pairs, BlockExpert, num_pairs, num_experts, max_blocks, BLOCK_M, P)
 
 
+# Past SMALL_ALIGN_PAIRS and up to this many pairs (decode batches of 11 to 85 tokens at top-6) one
+# Triton program sorts them (_moe_align_sort_kernel) instead of a dozen torch launches, about 60 us a
+# layer at 64 tokens on the H200 (bb4af7a), 27 of them the radix sort.
+SORT_ALIGN_PAIRS = 512
+
+
+@triton.jit
+def _hypercube_bit(N_DIMS: tl.constexpr, AXIS: tl.constexpr):
+    """Each element's coordinate (0 or 1) along AXIS, counted from the innermost, of a [2] * N_DIMS cube."""
+    return tl.reshape(tl.arange(0, 2), [1] * (N_DIMS - AXIS - 1) + [2] + [1] * AXIS)
+
+
+@triton.jit
+def _compare_and_swap(h, down, N_DIMS: tl.constexpr, AXIS: tl.constexpr):
+    """One step of the bitonic network on a [2] * N_DIMS cube of keys: each pair along AXIS (from the
+    innermost) in order, descending where `down`. The partner is the pair's sum less the key itself."""
+    partner = tl.sum(h, N_DIMS - 1 - AXIS, keep_dims=True) - h
+    return tl.where((h > partner) != (down ^ _hypercube_bit(N_DIMS, AXIS)).to(tl.int1), partner, h)
+
+
+@triton.jit
+def _sort_keys(keys, LOG_P: tl.constexpr):
+    """The 2**LOG_P int32 keys (distinct, non-negative, below 2**30) in ascending order: tl.sort's
+    bitonic network, partners found by a sum where tl.sort reduces with xor. A sum is as cheap on the
+    GPU, and the interpreter runs it natively where its xor reduction took about a second a call."""
+    h = tl.reshape(keys, [2] * LOG_P)
+    for stage in tl.static_range(1, LOG_P + 1):
+        if stage < LOG_P:
+            down = _hypercube_bit(LOG_P, stage)  # alternate runs of 2**stage keys sort descending
+        else:
+            down = 0
+        for k in tl.static_range(stage):
+            h = _compare_and_swap(h, down, LOG_P, stage - 1 - k)
+    return tl.reshape(h, [2**LOG_P])
+
+
+@triton.jit
+def _run_tail(e_a, n_a, e_b, n_b):
+    """Scan combine over expert ids in sorted order: (the expert of a segment's last pair, the length of
+    its run within the segment). The ids being sorted, segment b ending on a's last expert is that
+    expert throughout, so its run continues a's."""
+    return e_b, tl.where(e_a == e_b, n_a + n_b, n_b)
+
+
+@triton.jit(do_not_specialize=["num_pairs", "num_experts", "max_blocks", "block_m"])
+def _moe_align_sort_kernel(
+    Ids, Pairs, BlockExpert, num_pairs, num_experts, max_blocks, block_m, LOG_P: tl.constexpr
+):
+    """moe_align in one program for at most P = 2**LOG_P pairs, as the torch path lays them out (id
+    num_experts, foreign, in a last run whose blocks are -1). Sorting the keys expert * P + pair gives
+    the stable argsort's order; a scan each way over the sorted experts gives each pair its rank in its
+    expert's run and the run's length, so the padding before it is a cumsum over the runs' last pairs.
+    Nothing is looked up per expert: no scratch buffer, no gather, no [P, P] tile.
+    Every int argument is a runtime value: one compiled variant serves every batch, expert count and
+    block size."""
+    P: tl.constexpr = 2**LOG_P
+    j = tl.arange(0, P)
+    real = j < num_pairs
+    e = tl.load(Ids + j, mask=real, other=num_experts + 1).to(tl.int32)  # absent pairs: a run after all
+    key = _sort_keys(e * P + j, LOG_P)
+    e = key >> LOG_P
+    ones = tl.full([P], 1, tl.int32)
+    _, head = tl.associative_scan((e, ones), 0, _run_tail)  # rank in the expert's run, + 1
+    _, tail = tl.associative_scan((e, ones), 0, _run_tail, reverse=True)  # pairs from here to the run's end
+    count = head + tail - 1
+    pad = tl.where(tail == 1, (count + block_m - 1) // block_m * block_m - count, 0)  # at a run's last pair
+    dest = j + tl.cumsum(pad, 0) - pad  # sorted position + the padding of earlier runs
+    for b0 in range(0, max_blocks * block_m, P):  # padding everywhere first
+        o = b0 + j
+        tl.store(Pairs + o, num_pairs + 0 * o, mask=o < max_blocks * block_m)
+    for b0 in range(0, max_blocks, P):
+        o = b0 + j
+        tl.store(BlockExpert + o, -1 + 0 * o, mask=o < max_blocks)
+    tl.debug_barrier()
+    tl.store(Pairs + dest, key & (P - 1), mask=real)
+    # Every block of a run holds at least one of its pairs, so the pairs name all the blocks' experts.
+    tl.store(BlockExpert + dest // block_m, tl.where(e < num_experts, e, -1), mask=real)
+
+
 class Alignment(NamedTuple):
     """moe_align(ids, E, block_m)'s (pairs, block_expert) for a batch's ids, made ahead of the experts
     (router.route_aligned, in the routing launch); block_m says which block size it was made for."""
@@ -208,32 +287,61 @@ def moe_align(
 
     Returns (pairs [max_blocks * block_m]: flat pair index or num_pairs for padding,
     block_expert [max_blocks]: the expert of each block or -1 past the end; max_blocks: align_blocks).
-    Device ops only. Id E (an expert held by another rank under expert parallelism) is sorted into a
-    last run that is never computed. `given`: this layout made ahead for these ids (the router's),
-    taken when it was made for this block_m.
+    Device ops only: on the GPU one Triton program up to SORT_ALIGN_PAIRS pairs (one_program_align).
+    Id E (an expert held by another rank under expert parallelism) is sorted into a last run whose
+    blocks are -1, never computed. `given`: this layout made ahead for these ids (the router's), taken
+    when it was made for this block_m.
     """
     if given is not None and given.block_m == block_m:
         return given.pairs, given.block_expert
     flat = ids.reshape(-1)
     n_pairs = flat.numel()
     max_blocks = align_blocks(n_pairs, num_experts, block_m)
-    if ids.is_cuda and 0 < n_pairs <= SMALL_ALIGN_PAIRS:
-        # Decode at small batch: one launch instead of a dozen tiny torch kernels (sort, scans,
-        # scatters), which cost more than the experts' own math at batch 1.
-        return moe_align_small(flat, num_experts, block_m, max_blocks)
-    counts = torch.zeros(num_experts + 1, dtype=torch.int64, device=ids.device)
+    program = one_program_align(n_pairs, num_experts) if ids.is_cuda else None
+    if program is not None:
+        # Decode batches: one launch instead of a dozen tiny torch kernels (sort, scans, scatters),
+        # which cost more than the experts' own math at batch 1 and about 60 us a layer at batch 64.
+        return program(flat, num_experts, block_m, max_blocks)
+    return _moe_align_torch(flat, num_experts, block_m, max_blocks)
+
+
+def _moe_align_torch(
+    flat: torch.Tensor, num_experts: int, block_m: int, max_blocks: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """moe_align in torch launches: for any number of pairs, on any device."""
+    n_pairs = flat.numel()
+    counts = torch.zeros(num_experts + 1, dtype=torch.int64, device=flat.device)
     counts.scatter_add_(0, flat, torch.ones_like(flat))
     blocks = (counts + block_m - 1) // block_m
     block_end = torch.cumsum(blocks, 0)
     order = torch.argsort(flat, stable=True)
     sorted_e = flat[order]
-    rank = torch.arange(n_pairs, device=ids.device) - (torch.cumsum(counts, 0) - counts)[sorted_e]
+    rank = torch.arange(n_pairs, device=flat.device) - (torch.cumsum(counts, 0) - counts)[sorted_e]
     dest = (block_end - blocks)[sorted_e] * block_m + rank
-    pairs = torch.full((max_blocks * block_m,), n_pairs, dtype=torch.int64, device=ids.device)
+    pairs = torch.full((max_blocks * block_m,), n_pairs, dtype=torch.int64, device=flat.device)
     pairs[dest] = order
-    block_expert = torch.searchsorted(block_end, torch.arange(max_blocks, device=ids.device), right=True)
+    block_expert = torch.searchsorted(block_end, torch.arange(max_blocks, device=flat.device), right=True)
     block_expert = torch.where(block_expert < num_experts, block_expert, -1)
     return pairs, block_expert
+
+
+def one_program_align(n_pairs: int, num_experts: int):
+    """The one-program alignment moe_align takes on the GPU for n_pairs pairs over num_experts experts:
+    moe_align_small up to SMALL_ALIGN_PAIRS pairs, moe_align_sorted up to SORT_ALIGN_PAIRS (while its int32
+    sort keys hold every expert id), else None (the torch launches)."""
+    if n_pairs <= 0:
+        return None
+    if n_pairs <= SMALL_ALIGN_PAIRS:
+        return moe_align_small
+    if n_pairs <= SORT_ALIGN_PAIRS and sort_keys_fit(num_experts):
+        return moe_align_sorted
+    return None
+
+
+def sort_keys_fit(num_experts: int) -> bool:
+    """Whether _moe_align_sort_kernel's keys (expert * SORT_ALIGN_PAIRS + pair, int32) hold ids up to
+    num_experts + 1 (foreign and absent pairs): about two million experts."""
+    return (num_experts + 2) * SORT_ALIGN_PAIRS <= 2**30
 
 
 def moe_align_small(
@@ -249,6 +357,26 @@ def moe_align_small(
     # Shapes are constexpr-free except BLOCK_M, so serving compiles this once per block size.
     _moe_align_small_kernel[(1,)](
         flat.contiguous(), pairs, block_expert, n_pairs, num_experts, max_blocks, BLOCK_M=block_m, P=SMALL_ALIGN_PAIRS
+    )  # fmt: skip
+    return pairs, block_expert
+
+
+def moe_align_sorted(
+    flat: torch.Tensor, num_experts: int, block_m: int, max_blocks: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """moe_align's layout, exactly as its torch launches make it (foreign ids' run included), from one
+    Triton program (_moe_align_sort_kernel), for at most SORT_ALIGN_PAIRS pairs."""
+    n_pairs = flat.numel()
+    if n_pairs > SORT_ALIGN_PAIRS or not sort_keys_fit(num_experts):
+        raise ValueError(
+            f"moe_align_sorted takes at most {SORT_ALIGN_PAIRS} pairs and ids that fit its int32 keys, got "
+            f"{n_pairs} pairs over {num_experts} experts"
+        )
+    pairs = torch.empty(max_blocks * block_m, dtype=torch.int64, device=flat.device)
+    block_expert = torch.empty(max_blocks, dtype=torch.int64, device=flat.device)
+    _moe_align_sort_kernel[(1,)](
+        flat.contiguous(), pairs, block_expert, n_pairs, num_experts, max_blocks, block_m,
+        LOG_P=SORT_ALIGN_PAIRS.bit_length() - 1,
     )  # fmt: skip
     return pairs, block_expert
 

@@ -7,7 +7,9 @@ SHORT_EXTEND tokens per sequence run as decode queries, the router's fp32 GEMM r
 up to FUSED_ROUTER_MAX_TOKENS, and the fused MoE takes large row blocks once a batch has
 4 (token, expert) pairs per local expert. For the smallest batches (ALIGNED_ROUTER_MAX_TOKENS) the
 router's launch also lays out the experts' pairs, a variant per block size of that layout (the batch's
-size picks it: MoE.align_block_m). With NVFP4 experts on a CUDA GPU, batches of up to
+size picks it: MoE.align_block_m). On a CUDA GPU, moe_align lays out more than SMALL_ALIGN_PAIRS pairs
+(up to SORT_ALIGN_PAIRS) in one sorting program, compiled once for all: one batch past SMALL_ALIGN_PAIRS
+pairs reaches it. With NVFP4 experts on a CUDA GPU, batches of up to
 CUDA_MAX_PAIRS_PER_EXPERT pairs per expert take the CUDA decode kernels (one build of every
 variant, at the first call), whose BF16 sinks are Triton GEMVs with one variant per token tile
 (sink_gemv.WARMUP_TOKENS), and longer ones the Triton MMA kernels. The kernels mark their batch-dependent ints
@@ -39,6 +41,7 @@ import torch
 from sgl_inkling.layers.attention.triton_backend import SHORT_EXTEND
 from sgl_inkling.model_executor.forward_batch import ForwardBatch, ForwardMode
 from sgl_inkling.models.inkling.moe import FUSED_ROUTER_MAX_TOKENS, MoE
+from sgl_inkling_kernels.fused_moe import SMALL_ALIGN_PAIRS
 from sgl_inkling_kernels.fused_moe_nvfp4 import CUDA_MAX_PAIRS_PER_EXPERT
 from sgl_inkling_kernels.jit_watch import log_compiles_after_warmup, warming_up
 from sgl_inkling_kernels.sink_gemv import WARMUP_TOKENS as SINK_WARMUP_TOKENS
@@ -54,6 +57,10 @@ def extend_lengths(model, device: torch.device = torch.device("cpu")) -> list[in
         for t in range(1, FUSED_ROUTER_MAX_TOKENS + 1):
             first.setdefault(m.align_block_m(t), t)
         want |= set(first.values())
+    if device.type == "cuda":
+        # Past SMALL_ALIGN_PAIRS pairs moe_align sorts in one program, a single variant for every batch,
+        # expert count and block size: one batch takes it (tiny's top-2 reaches it in no other extend).
+        want |= {SMALL_ALIGN_PAIRS // m.gate.top_k + 1 for m in moe}
     if device.type == "cuda" and any(m.experts.nvfp4 for m in moe):
         # Past the CUDA decode kernels of NVFP4 experts: the Triton MMA ones. Inside them the BF16
         # sinks' GEMVs compile one variant per token tile.

@@ -48,6 +48,14 @@ def _align_small():
     return ("fused_moe", "_moe_align_small_kernel", ptr, dict(BLOCK_M=8, P=128), (), 4)
 
 
+def _align_sorted():
+    from sgl_inkling_kernels.fused_moe import SORT_ALIGN_PAIRS
+
+    ptr = {"Ids": "*i64", "Pairs": "*i64", "BlockExpert": "*i64"}
+    consts = dict(LOG_P=SORT_ALIGN_PAIRS.bit_length() - 1)
+    return ("fused_moe", "_moe_align_sort_kernel", ptr, consts, (), 4)
+
+
 def _router_gemv(dt):
     consts = dict(BLOCK_N=8, BLOCK_H=256)
     return ("router", "_router_gemv_kernel", {"X": f"*{dt}", "W": "*fp32", "Out": "*fp32"}, consts, (), 4)
@@ -72,7 +80,7 @@ CASES = (
     + [_conv_norm(dt, n) for dt in ("bf16", "fp32") for n in (False, True)]
     + [_conv_rmsnorm(dt) for dt in ("bf16", "fp32")]
     + [_router(dt, aligned) for dt in ("bf16", "fp32") for aligned in (False, True)]
-    + [_align_small()]
+    + [_align_small(), _align_sorted()]
     + [_router_gemv(dt) for dt in ("bf16", "fp32")]
     + [_split(dt, tau) for dt in ("bf16", "fp32") for tau in (False, True)]
     + [_merge()]

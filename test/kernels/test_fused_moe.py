@@ -13,11 +13,17 @@ pytest.importorskip("triton")
 
 from sgl_inkling_kernels.fused_moe import (  # noqa: E402
     CHUNK_ALIGN,
+    SMALL_ALIGN_PAIRS,
+    SORT_ALIGN_PAIRS,
+    _moe_align_torch,
+    align_blocks,
     chunk_cap,
     fused_moe,
     fused_moe_ref,
     moe_align,
     moe_align_small,
+    moe_align_sorted,
+    one_program_align,
     token_chunks,
 )
 
@@ -157,6 +163,54 @@ def test_moe_align_small_equals_the_sorting_version(tokens, top_k, experts, bloc
     assert f_blocks.cpu().tolist() == ref_blocks.tolist()
     for b in used:
         assert f_pairs[b * block_m : (b + 1) * block_m].cpu().tolist() == ref_pairs[b * block_m : (b + 1) * block_m].tolist()
+
+
+def _align_ids(tokens: int, top_k: int, experts: int, kind: str) -> torch.Tensor:
+    """[tokens, top_k] ids: the router's (distinct experts per token), a third of them foreign (id
+    `experts`, held by another rank), all on the last expert, or every expert in turn."""
+    g = torch.Generator().manual_seed(tokens * 1000 + top_k * 10 + experts)
+    n = tokens * top_k
+    if kind == "one":
+        return torch.full((tokens, top_k), experts - 1)
+    if kind == "every":
+        return (torch.arange(n) % experts).view(tokens, top_k)
+    ids = torch.stack([torch.randperm(experts, generator=g)[:top_k] for _ in range(tokens)])
+    if kind == "foreign":
+        ids = torch.where(torch.rand(tokens, top_k, generator=g) < 1 / 3, experts, ids)
+    return ids
+
+
+@pytest.mark.parametrize(
+    "tokens,top_k,experts,block_m,kind",
+    [(11, 6, 256, 8, "router"), (65, 1, 256, 16, "router"), (25, 4, 16, 16, "foreign"), (50, 2, 7, 64, "every"),
+     (64, 6, 256, 8, "router"), (64, 6, 256, 16, "foreign"), (85, 6, 7, 64, "router"), (85, 6, 16, 32, "foreign"),
+     (511, 1, 16, 64, "one"), (511, 1, 7, 8, "foreign"), (128, 4, 7, 8, "every"), (64, 8, 256, 16, "one"),
+     (64, 8, 256, 32, "foreign")],
+)  # fmt: skip
+def test_moe_align_sorted_equals_the_torch_path(tokens, top_k, experts, block_m, kind):
+    """The one-program sort (65 to 512 pairs) lays the pairs out as moe_align's torch launches do, bit for
+    bit: experts in order, pairs in index order within an expert, runs padded to block_m with n_pairs,
+    foreign ids (== experts) in a last run whose blocks are -1, and -1 past the last block."""
+    ids = _align_ids(tokens, top_k, experts, kind)
+    n = ids.numel()
+    max_blocks = align_blocks(n, experts, block_m)
+    want_pairs, want_blocks = _moe_align_torch(ids.reshape(-1), experts, block_m, max_blocks)
+    pairs, blocks = moe_align_sorted(ids.reshape(-1).to(DEVICE), experts, block_m, max_blocks)
+    assert torch.equal(blocks.cpu(), want_blocks)
+    assert torch.equal(pairs.cpu(), want_pairs)
+
+
+def test_moe_align_takes_one_program_up_to_sort_align_pairs():
+    """On the GPU moe_align aligns up to SMALL_ALIGN_PAIRS pairs with the [P, P] program, up to
+    SORT_ALIGN_PAIRS (decode batches to 85 tokens at top-6) with the sort, and past it in torch."""
+    assert SMALL_ALIGN_PAIRS == 64 and SORT_ALIGN_PAIRS == 512
+    assert one_program_align(0, 256) is None
+    assert all(one_program_align(n, 256) is moe_align_small for n in (1, 6, SMALL_ALIGN_PAIRS))
+    assert all(one_program_align(n, e) is moe_align_sorted for n in (65, 384, 512) for e in (2, 256, 4096))
+    assert one_program_align(SORT_ALIGN_PAIRS + 1, 256) is None
+    assert one_program_align(100, 2**21) is None  # ids the int32 sort keys cannot hold
+    with pytest.raises(ValueError, match="at most 512 pairs"):
+        moe_align_sorted(torch.zeros(SORT_ALIGN_PAIRS + 1, dtype=torch.int64), 8, 16, 600)
 
 
 def test_token_chunks_split_evenly_within_the_cap():

@@ -19,6 +19,7 @@ from sgl_inkling.model_executor.forward_batch import ForwardMode  # noqa: E402
 from sgl_inkling.model_executor.kernel_warmup import extend_lengths, warm_up_kernels  # noqa: E402
 from sgl_inkling.model_executor.model_runner import ModelRunner  # noqa: E402
 from sgl_inkling.models.inkling.moe import FUSED_ROUTER_MAX_TOKENS  # noqa: E402
+from sgl_inkling_kernels.fused_moe import SMALL_ALIGN_PAIRS, SORT_ALIGN_PAIRS  # noqa: E402
 
 
 def test_extend_lengths_cover_each_path(tiny_model):
@@ -26,6 +27,14 @@ def test_extend_lengths_cover_each_path(tiny_model):
     big = -(-4 * moe.experts.num_local // moe.gate.top_k) + 1  # first length with the MoE's large blocks
     lengths = extend_lengths(tiny_model)
     assert {1, SHORT_EXTEND, SHORT_EXTEND + 1, FUSED_ROUTER_MAX_TOKENS + 1, big} <= set(lengths)
+
+
+def test_cuda_extend_lengths_reach_the_sorting_alignment(tiny_model):
+    # On the GPU moe_align sorts more than SMALL_ALIGN_PAIRS pairs in one program (one variant for all),
+    # which tiny's top-2 reaches in no other warm-up extend (25 tokens at most: 50 pairs).
+    top_k = tiny_model.model.llm.layers[2].mlp.gate.top_k
+    pairs = [t * top_k for t in extend_lengths(tiny_model, torch.device("cuda"))]
+    assert any(SMALL_ALIGN_PAIRS < p <= SORT_ALIGN_PAIRS for p in pairs)
 
 
 def test_a_short_context_still_runs_every_token_count(tiny_model, monkeypatch):

@@ -41,13 +41,18 @@ def test_the_rule_would_split_token_counts_into_variants():
     )
 
 
-@pytest.mark.parametrize("kernel", ["_moe_up_kernel", "_moe_down_kernel", "_moe_align_small_kernel"])
+@pytest.mark.parametrize(
+    "kernel", ["_moe_up_kernel", "_moe_down_kernel", "_moe_align_small_kernel", "_moe_align_sort_kernel"]
+)
 def test_moe_kernels_key_the_same_for_every_token_count(kernel):
     k = getattr(fused_moe, kernel)
     keys = {compile_key(k, "num_pairs", t * TOP_K) for t in range(1, 300)}
     assert len(keys) == 1, keys
     if kernel == "_moe_align_small_kernel":
         assert len({compile_key(k, "max_blocks", b) for b in range(1, 130)}) == 1
+    if kernel == "_moe_align_sort_kernel":  # one variant for every layout, which one warm-up batch compiles
+        for name in ("max_blocks", "block_m", "num_experts"):
+            assert len({compile_key(k, name, v) for v in range(1, 600)}) == 1, name
 
 
 @pytest.mark.parametrize("module, kernel", [("fused_moe_nvfp4", "_up_kernel"), ("fused_moe_nvfp4", "_down_kernel"),
