@@ -89,10 +89,11 @@ def read_tbs() -> float:
 CUDA_FIELDS = [f.name for f in dataclasses.fields(CudaTiles)]
 CUDA_SPEC = "c:" + ",".join(CUDA_FIELDS)
 # A c: spec names every CudaTiles field, so that a spec written for another field list fails instead
-# of shifting its values into other fields. Until lean was added after row_ring a spec had 13 fields.
-# Older 14-field specs had bulk (before it, persist) as the 13th, removed since: read now, their
-# row_ring lands in lean, which CudaTiles refuses unless it is 0 or 1.
-_OLD_LENGTHS = {13: "lean (the 14th field) was added after row_ring: append 0 for the same build"}
+# of shifting its values into other fields. Until lean was added after row_ring a spec had 13 fields,
+# until row_tiles after lean 14. Older 15-field specs had bulk (before it, persist) as the 13th and lean
+# last, removed since: read now, their row_ring lands in lean, which CudaTiles refuses unless it is 0 or 1.
+_OLD_LENGTHS = {13: "lean (the 14th field) was added after row_ring: append 0,1 for the same build",
+                14: "row_tiles (the 15th field) was added after lean: append 1 for the same launches"}
 
 
 def cuda_tiles(body: str) -> CudaTiles:

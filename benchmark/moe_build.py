@@ -1,6 +1,6 @@
 """Benchmark-only choice of the CUDA NVFP4 MoE kernels' build (moe_w4a16_cuda.BUILD).
 
-A spec is "field=value,..." over CudaTiles' fields other than nt (which the batch decides), e.g.
+A spec is "field=value,..." over CudaTiles' fields other than nt and row_tiles (which the batch decides), e.g.
 "cp_async=8,split_sinks=1"; "" is the shipped default. `--pick FILE` prints the spec (every field)
 of the CUDA variant of a bench_moe_nvfp4 JSON that is fastest summed over its batch sizes, or ""
 when the run's default dispatch was, so that one GPU call can measure the sweep and then time
@@ -23,7 +23,7 @@ sys.path[:0] = [str(ROOT / "kernels")]
 from sgl_inkling_kernels import moe_w4a16_cuda  # noqa: E402
 from sgl_inkling_kernels.moe_w4a16_cuda import CudaTiles  # noqa: E402
 
-FIELDS = [f.name for f in dataclasses.fields(CudaTiles) if f.name != "nt"]
+FIELDS = [f.name for f in dataclasses.fields(CudaTiles) if f.name not in ("nt", "row_tiles")]  # the batch's
 # Build options measured and removed since (older JSON records them): a variant with one of them on
 # was a build that no longer exists, so it is never picked (its spec would name a different build).
 REMOVED = ("fused", "persist", "bulk")
@@ -61,8 +61,8 @@ def pick(doc: dict) -> str:
             path = v["tiles"].get("path")
             if "ms" not in v or path not in ("cuda", "default dispatch"):
                 continue
-            if path == "cuda" and v["tiles"].get("nt", 1) != 1:  # nt is the batch's choice, not a build's
-                continue
+            if path == "cuda" and (v["tiles"].get("nt", 1) != 1 or v["tiles"].get("row_tiles", 1) != 1):
+                continue  # nt and row_tiles are the batch's choice, not a build's
             if any(v["tiles"].get(k) for k in REMOVED):
                 continue
             key = DEFAULT if path == DEFAULT else spec_of(v["tiles"])

@@ -4,7 +4,7 @@ has one), the build of each case of the CUDA kernel tests, and the `c:` specs of
 sweep. Run before the stages that test and time them, so that a run's many nvcc builds (seconds each, one after another inside the tests)
 share the machine's cores instead of its time limit:
 
-    python benchmark/prebuild_cuda.py "c:1,4,8,256,4,1,0,8,1,1,1,0,0,0" ...
+    python benchmark/prebuild_cuda.py "c:1,4,8,256,4,1,0,8,1,1,1,0,0,0,1" ...
 """
 
 from __future__ import annotations

@@ -33,7 +33,14 @@ from sgl_inkling_kernels._triton import dot_mode, interpreting, mm, next_pow2, r
 from sgl_inkling_kernels.fused_moe import Alignment, chunk_cap, default_block_m, moe_align, over_token_chunks
 from sgl_inkling_kernels.moe_launch import launch_up_down
 from sgl_inkling_kernels.moe_nvfp4_gemv import INTERPRETER_GEMV_TILES, GemvTiles, moe_nvfp4_gemv
-from sgl_inkling_kernels.moe_w4a16_cuda import CudaTiles, default_cuda_tiles, moe_w4a16_decode, usable
+from sgl_inkling_kernels.moe_w4a16_cuda import (
+    CudaTiles,
+    SinksAhead,
+    default_cuda_tiles,
+    moe_w4a16_decode,
+    start_sinks,
+    usable,
+)
 from sgl_inkling_kernels.nvfp4_layout import check_layout
 from sgl_inkling_kernels.w4a16_steps import down_step, up_step
 
@@ -242,6 +249,7 @@ def fused_moe_nvfp4(
     asm: bool | None = None,  # bf16 decode in PTX (default on the GPU for bf16 x)
     layout: str = "checkpoint",  # of the codes: "mma" (nvfp4_layout.to_mma_layout) for the CUDA decode kernels
     alignment: Alignment | None = None,  # the router's moe_align of ids, used if for this path's block_m
+    sinks_ahead: SinksAhead | None = None,  # the sinks' gate/up launched before routing (sinks_ahead_nvfp4)
 ) -> torch.Tensor:
     """fused_moe(x, dequantize_nvfp4(w13..), dequantize_nvfp4(w2..), ids, weights, sinks...) without
     ever materialising the dequantized experts; [T, H] in x's dtype, summed in fp32.
@@ -255,6 +263,8 @@ def fused_moe_nvfp4(
     x = x if x.stride(-1) == 1 else x.contiguous()
     t, k = ids.shape
     if t > chunk_cap(max_tokens):
+        if sinks_ahead is not None:
+            raise ValueError("fused_moe_nvfp4: sinks_ahead covers one chunk of tokens, not a chunked batch")
         return over_token_chunks(x, ids, weights, shared_weights, max_tokens, lambda xc, ic, wc, sc: fused_moe_nvfp4(
             xc, w13, w13_scale, w13_scale2, w2, w2_scale, w2_scale2, ic, wc, shared_w13, shared_w2, sc, foreign_ids,
             max_tokens=max_tokens, tiles=tiles, asm=asm, layout=layout))  # fmt: skip
@@ -264,10 +274,11 @@ def fused_moe_nvfp4(
     h, inter = x.shape[1], two_i // 2
     n_pairs = t * k
     if tiles is None:
-        cuda_decode = mma_layout and n_pairs <= CUDA_MAX_PAIRS_PER_EXPERT * n_exp and usable(x, h, inter)
-        tiles = default_cuda_tiles(n_pairs, n_exp, t) if cuda_decode else default_tiles(n_pairs, n_exp)
+        tiles = _cuda_decode_tiles(x, w13, k, mma_layout) or default_tiles(n_pairs, n_exp)
         if mma_layout and isinstance(tiles, GemvTiles):
             tiles = INTERPRETER_TILES if interpreting() else Tiles()
+    if sinks_ahead is not None and not isinstance(tiles, CudaTiles):
+        raise ValueError("fused_moe_nvfp4: sinks_ahead is for the CUDA decode kernels")
     if isinstance(tiles, CudaTiles) != mma_layout and not isinstance(tiles, Tiles):
         raise ValueError(f"fused_moe_nvfp4: {type(tiles).__name__} read codes in the "
                          f"{'mma' if isinstance(tiles, CudaTiles) else 'checkpoint'} layout, got layout={layout!r}")  # fmt: skip
@@ -284,7 +295,7 @@ def fused_moe_nvfp4(
     s13, s2 = w13_scale.view(torch.uint8), w2_scale.view(torch.uint8)
     if isinstance(tiles, CudaTiles):  # decode on the GPU: the CUDA W4A16 MMA kernels
         moe_w4a16_decode(x, w13, s13, w13_scale2, w2, s2, w2_scale2, ids, weights, shared_w13, shared_w2, gam, act,
-                         out, tiles, alignment)  # fmt: skip
+                         out, tiles, alignment, sinks_ahead)  # fmt: skip
     elif isinstance(tiles, GemvTiles):  # decode: row-block GEMVs
         pairs, block_expert = moe_align(ids, n_exp, tiles.bm, alignment)
         gemv_sinks = n_shared if t <= tiles.sink_max else 0
@@ -309,6 +320,29 @@ def fused_moe_nvfp4(
         out, ids, y, out.stride(0), out.stride(1), y.stride(0), h, n_exp, TOPK=k, SLOTS=k + n_shared, BLOCK=block
     )  # fmt: skip
     return y
+
+
+def _cuda_decode_tiles(x: torch.Tensor, w13: torch.Tensor, top_k: int, mma_layout: bool) -> CudaTiles | None:
+    """The CUDA decode kernels' tiles that fused_moe_nvfp4 takes by default for x's tokens, or None: codes
+    in the mma layout, at most CUDA_MAX_PAIRS_PER_EXPERT pairs per expert, a GPU and widths they take."""
+    t = x.shape[0]
+    n_exp, two_i, _ = w13.shape
+    n_pairs = t * top_k
+    if mma_layout and n_pairs <= CUDA_MAX_PAIRS_PER_EXPERT * n_exp and usable(x, x.shape[1], two_i // 2):
+        return default_cuda_tiles(n_pairs, n_exp, t)
+    return None
+
+
+def sinks_ahead_nvfp4(x, w13, shared_w13, top_k: int, layout: str = "checkpoint") -> SinksAhead | None:
+    """Launch the sinks' gate/up projection now, before the router, where fused_moe_nvfp4 will run them on
+    its side stream (the CUDA decode kernels with tiles.sink_stream): pass the result as its sinks_ahead.
+    None (nothing launched) elsewhere. Called before routing, which the sinks' gate/up does not need."""
+    if shared_w13 is None or x.shape[0] == 0 or x.shape[0] > chunk_cap(4096):  # fused_moe_nvfp4 chunks past it
+        return None
+    tiles = _cuda_decode_tiles(x, w13, top_k, check_layout(layout) == "mma")
+    if tiles is None or not tiles.sink_stream:
+        return None
+    return start_sinks(x if x.stride(-1) == 1 else x.contiguous(), shared_w13)
 
 
 def _mma(x, w13, s13, g13, w2, s2, g2, pairs, block_expert, weights, sw13, sw2, gam, act, out, tiles: Tiles,

@@ -25,7 +25,7 @@ import torch
 from sgl_inkling_kernels.cuda_build import load_cuda_library
 from sgl_inkling_kernels.fused_moe import Alignment, moe_align
 from sgl_inkling_kernels.sink_gemv import MAX_TOKENS as GEMV_MAX_TOKENS
-from sgl_inkling_kernels.sink_gemv import sinks_gemv
+from sgl_inkling_kernels.sink_gemv import sinks_gemv_down, sinks_gemv_up
 
 SRC = Path(__file__).with_name("csrc") / "moe_w4a16_mma.cu"
 CHUNK = 128  # K elements per chunk of the kernel: H and I must be multiples of it
@@ -50,7 +50,9 @@ class CudaTiles:
     cover whole 128-byte row spans (two chunks a stage) in place of the cp.async chunk ring and the
     register ring (0: off, cp_async and depth then pick between those two). The row ring copies 8-byte
     scale segments: scale tensors without 8-byte aligned rows take the chunk ring (ring_for); lean, the
-    row ring's loop for one column tile with every lane's addresses set once (csrc row_ring_lean)."""
+    row ring's loop for one column tile with every lane's addresses set once (csrc row_ring_lean);
+    row_tiles, 16-row tiles a CTA of the routed launches, like nt the batch's choice (default_cuda_tiles):
+    1, or 2 sharing each chunk's activation loads (csrc tile_pair: one column tile, the lean row ring)."""
 
     nt: int = 1
     depth: int = 4
@@ -87,6 +89,7 @@ class CudaTiles:
     # The default since b6a5ab8 (with 2 warps and 3 stages, above): the fused MoE at 118.9 / 489.3 / 2331 us
     # at batch 1 / 8 / 64 against 131.4 / 564.5 / 2593 for the build before it (4 warps, 4 stages, no lean).
     lean: int = 1
+    row_tiles: int = 1
     # What limits the row ring (Nsight Compute at f93a6c1, results/ncu_moe_w4a16_bs64_e256.txt: the up launch
     # at batch 64 over 256 experts, the steady state): instruction issue, not memory. Issue slots 75.7% busy
     # (3.04 IPC), the ALU pipe (LOP3 / PRMT of the decode) 64.7%, DRAM 58%; 4.57 instructions per routed
@@ -114,6 +117,10 @@ class CudaTiles:
             raise ValueError(f"CudaTiles: lean is 0 or 1, got {self.lean}")
         if self.x_prefetch and self.cp_async:
             raise ValueError("CudaTiles: x_prefetch is for the register ring, not with cp_async")
+        if self.row_tiles not in (1, 2):
+            raise ValueError(f"CudaTiles: row_tiles is 1 or 2, got {self.row_tiles}")
+        if self.row_tiles == 2 and not (self.nt == 1 and self.row_ring and self.lean):
+            raise ValueError("CudaTiles: row_tiles 2 needs nt 1, the row ring and lean")
 
     def defines(self) -> tuple[tuple[str, int], ...]:
         names = ("MOE_L2_PREFETCH", "MOE_WARPS", "MOE_DUAL_ACC", "MOE_X_PREFETCH", "MOE_CP_ASYNC", "MOE_SPLIT_SINKS",
@@ -126,7 +133,7 @@ class CudaTiles:
 BUILD = CudaTiles()  # the depth, sink and build choices of the default tiles (nt comes from the batch)
 
 _I, _L, _P = ctypes.c_int, ctypes.c_int64, ctypes.c_void_p
-_ARGS = [_I] * 5 + [_P, _L, _P, _L, _L, _P, _L, _L, _P, _P, _L, _L, _P, _P, _P, _P, _L, _P, _L, _P, _L, _L] + [_I] * 6 + [_P]
+_ARGS = [_I] * 6 + [_P, _L, _P, _L, _L, _P, _L, _L, _P, _P, _L, _L, _P, _P, _P, _P, _L, _P, _L, _P, _L, _L] + [_I] * 6 + [_P]
 
 
 @functools.cache
@@ -139,14 +146,14 @@ def _library(defines: tuple[tuple[str, int], ...] = CudaTiles().defines()) -> ct
     return lib
 
 
-def _launch(lib, up: bool, nt: int, depth: int, block_lo: int, n_blocks: int, src, codes, scales, scale2, sink,
-            pairs, block_expert, w32, g32, act, out, n_pairs: int, t: int, k: int, n_sink_blocks: int) -> None:  # fmt: skip
+def _launch(lib, up: bool, nt: int, rt: int, depth: int, block_lo: int, n_blocks: int, src, codes, scales, scale2,
+            sink, pairs, block_expert, w32, g32, act, out, n_pairs: int, t: int, k: int, n_sink_blocks: int) -> None:  # fmt: skip
     """One projection (see sgl_moe_w4a16 in the source); strides of the uint8 codes/scales in bytes."""
     if src.stride(1) != 1 or src.stride(0) % 8 or src.data_ptr() % 16:
         raise ValueError("moe_w4a16: activations must be bf16 rows starting on 16-byte boundaries")
     has_sink = sink.numel() > 0
     rc = lib.sgl_moe_w4a16(
-        int(up), nt, depth, block_lo, n_blocks, src.data_ptr(), src.stride(0),
+        int(up), nt, rt, depth, block_lo, n_blocks, src.data_ptr(), src.stride(0),
         codes.data_ptr(), codes.stride(0), codes.stride(1), scales.data_ptr(), scales.stride(0), scales.stride(1),
         scale2.data_ptr(), sink.data_ptr() if has_sink else None, sink.stride(0) if has_sink else 0,
         sink.stride(1) if has_sink else 0, pairs.data_ptr(), block_expert.data_ptr(), w32.data_ptr(),
@@ -178,7 +185,16 @@ def default_cuda_tiles(n_pairs: int, n_exp: int, tokens: int) -> CudaTiles:
     nt = 1 if mean <= 8 else 2 if mean <= 16 else 4 if mean <= 40 else 8
     one_launch = tokens <= BUILD.one_launch_max and not BUILD.sink_stream
     split = 0 if one_launch else BUILD.split_sinks
-    return replace(BUILD, nt=nt, split_sinks=split)
+    pair_rows = PAIR_ROW_TILES and nt == 1 and BUILD.row_ring and BUILD.lean and min(n_pairs, n_exp) >= ROW_TILE_PAIR_MIN_BLOCKS
+    return replace(BUILD, nt=nt, split_sinks=split, row_tiles=2 if pair_rows else 1)
+
+
+# Routed blocks (about the distinct experts a batch hits) from which a CTA takes two row tiles: half the
+# CTAs, so a batch needs enough of them to fill the GPU's waves.
+ROW_TILE_PAIR_MIN_BLOCKS = 32
+# Whether default_cuda_tiles takes them at all: off until measured on the H200 (CudaTiles(row_tiles=2)
+# forces them, as the GPU tests and bench_moe_nvfp4 --tiles do).
+PAIR_ROW_TILES = False
 
 
 def cuda_block_m(n_pairs: int, n_exp: int, tokens: int) -> int:
@@ -197,10 +213,19 @@ def sinks_blas(x, sw13, sw2, gam, out, topk: int) -> None:
     """The BF16 sinks of a batch through cuBLAS: out[:, topk + s] = gam[:, s] * sink_s(x). At more
     than a few tokens the sinks are a small dense GEMM, which cuBLAS streams near the bandwidth floor
     (the decode kernels' one-block-per-sink layout leaves most SMs idle there)."""
+    sinks_blas_down(sinks_blas_up(x, sw13), sw2, gam, out, topk)
+
+
+def sinks_blas_up(x, sw13) -> torch.Tensor:
+    """sinks_blas's gate/up GEMM and SwiGLU: act [S, T, I]."""
     h13 = torch.matmul(x, sw13.transpose(1, 2))  # [S, T, 2I], gate/up interleaved
-    act = torch.nn.functional.silu(h13[..., 0::2]) * h13[..., 1::2]
+    return torch.nn.functional.silu(h13[..., 0::2]) * h13[..., 1::2]
+
+
+def sinks_blas_down(act, sw2, gam, out, topk: int) -> None:
+    """sinks_blas's down GEMM, scaled by the sink gammas into out's sink slots."""
     y = torch.bmm(act, sw2.transpose(1, 2))  # [S, T, H]
-    n = sw13.shape[0]
+    n = sw2.shape[0]
     out[:, topk : topk + n].copy_((y.float() * gam.t().float().unsqueeze(-1)).transpose(0, 1))
 
 
@@ -236,12 +261,36 @@ def set_sink_path(name: str, **plan) -> None:
     _sink_plan = SinkPlan(name, **plan)
 
 
-def _run_sinks(x, sw13, sw2, gam, out, k: int) -> None:
+def _sinks_up(x, sw13) -> torch.Tensor:
+    """The sinks' gate/up projection by the SinkPlan's path: act [S, T, I] for _sinks_down."""
     if _sink_plan.path == "gemv" and x.shape[0] <= GEMV_MAX_TOKENS:
-        j, n = _sink_plan.gemv_blocks
-        sinks_gemv(x, sw13, sw2, gam, out, k, block_j=j, block_n=n, num_stages=_sink_plan.gemv_stages)
+        return sinks_gemv_up(x, sw13, block_j=_sink_plan.gemv_blocks[0], num_stages=_sink_plan.gemv_stages)
+    return sinks_blas_up(x, sw13)
+
+
+def _sinks_down(act, sw2, gam, out, k: int) -> None:
+    if _sink_plan.path == "gemv" and act.shape[1] <= GEMV_MAX_TOKENS:
+        sinks_gemv_down(act, sw2, gam, out, k, block_n=_sink_plan.gemv_blocks[1], num_stages=_sink_plan.gemv_stages)
     else:
-        sinks_blas(x, sw13, sw2, gam, out, k)
+        sinks_blas_down(act, sw2, gam, out, k)
+
+
+@dataclass(frozen=True)
+class SinksAhead:
+    """The sinks' gate/up projection launched on the side stream before the router (start_sinks): it
+    needs no routing, so it streams its weights (two thirds of the sinks' bytes) while the router and
+    the pairs' layout run, which read almost none. act: its output, [S, T, I], the side stream's."""
+
+    act: torch.Tensor
+
+
+def start_sinks(x, sw13) -> SinksAhead:
+    """Launch the sinks' gate/up projection of x on the side stream now; moe_w4a16_decode(...,
+    sinks_ahead=) runs their down projection there once the router's gammas exist, and joins."""
+    main, side = torch.cuda.current_stream(x.device), _side_stream(x.device)
+    side.wait_stream(main)
+    with torch.cuda.stream(side):
+        return SinksAhead(_sinks_up(x, sw13))
 
 
 @functools.cache
@@ -255,16 +304,18 @@ def ring_for(tiles: CudaTiles, s13: torch.Tensor, s2: torch.Tensor) -> CudaTiles
     ring (4-byte copies) instead of failing, since the row ring is the default. Checkpoint layouts keep
     the row ring: rows of K / 16 bytes, K a multiple of 128."""
     if tiles.row_ring and any(s.data_ptr() % 8 or s.stride(0) % 8 or s.stride(1) % 8 for s in (s13, s2)):
-        return replace(tiles, row_ring=0)
+        return replace(tiles, row_ring=0, row_tiles=1)
     return tiles
 
 
 def moe_w4a16_decode(x, w13, s13, g13, w2, s2, g2, ids, weights, sw13, sw2, gam, act, out,
-                     tiles: CudaTiles, alignment: Alignment | None = None) -> None:  # fmt: skip
+                     tiles: CudaTiles, alignment: Alignment | None = None,
+                     sinks_ahead: SinksAhead | None = None) -> None:  # fmt: skip
     """Fill out (and act) for the routed pairs and the sinks (in the same launches when the batch
     fits tiles.kernel_sink_max, else through cuBLAS, on a side stream with tiles.sink_stream). The
     codes w13, w2 are in the mma layout (nvfp4_layout.to_mma_layout). alignment: moe_align of ids
-    made ahead, used if made for tiles.block_m."""
+    made ahead, used if made for tiles.block_m. sinks_ahead: the sinks' gate/up already launched on the
+    side stream (start_sinks; tiles.sink_stream only)."""
     tiles = ring_for(tiles, s13, s2)
     lib = _library(tiles.defines())
     t, k = weights.shape
@@ -274,7 +325,14 @@ def moe_w4a16_decode(x, w13, s13, g13, w2, s2, g2, ids, weights, sw13, sw2, gam,
     w32 = weights.reshape(-1).float()  # the router's weights are fp32 already: no copy
     in_kernel = sw13 is not None and not tiles.sink_stream and t <= min(tiles.kernel_sink_max, MAX_SINK_TOKENS)
     side = None
-    if sw13 is not None and not in_kernel and tiles.sink_stream:
+    if sinks_ahead is not None:
+        if sw13 is None or not tiles.sink_stream:
+            raise ValueError("moe_w4a16_decode: sinks_ahead needs sinks and tiles with sink_stream")
+        main, side = torch.cuda.current_stream(x.device), _side_stream(x.device)
+        side.wait_stream(main)  # the gammas
+        with torch.cuda.stream(side):
+            _sinks_down(sinks_ahead.act, sw2, gam, out, k)
+    elif sw13 is not None and not in_kernel and tiles.sink_stream:
         # Sinks and routed experts read disjoint weights: on two streams (a fork and a join that CUDA
         # graphs capture) the sinks stream while the routed launches do, where one stream would leave
         # the DRAM idle in each launch's ramp and tail. x and out belong to the main stream and outlive
@@ -282,9 +340,9 @@ def moe_w4a16_decode(x, w13, s13, g13, w2, s2, g2, ids, weights, sw13, sw2, gam,
         main, side = torch.cuda.current_stream(x.device), _side_stream(x.device)
         side.wait_stream(main)
         with torch.cuda.stream(side):
-            _run_sinks(x, sw13, sw2, gam, out, k)
+            _sinks_down(_sinks_up(x, sw13), sw2, gam, out, k)
     elif sw13 is not None and not in_kernel:
-        _run_sinks(x, sw13, sw2, gam, out, k)
+        _sinks_down(_sinks_up(x, sw13), sw2, gam, out, k)
     n_sink_blocks = sw13.shape[0] if in_kernel else 0  # one block per sink: sink_nt(t) tiles of 8
     nt_s = sink_nt(t)
     g32 = gam.float() if in_kernel else w32.new_empty(0)
@@ -293,12 +351,13 @@ def moe_w4a16_decode(x, w13, s13, g13, w2, s2, g2, ids, weights, sw13, sw2, gam,
     common = (pairs, block_expert, w32, g32, act, out, n_pairs, t, k, n_sink_blocks)
     for up in (True, False):
         src, codes, scales, scale2, sink = (x, w13, s13, g13, sw13_) if up else (act, w2, s2, g2, sw2_)
-        if in_kernel and nt_s == tiles.nt:  # one launch: sink blocks first, the routed ones behind
-            _launch(lib, up, tiles.nt, tiles.depth, 0, n_sink_blocks + n_routed, src, codes, scales, scale2, sink,
+        if in_kernel and nt_s == tiles.nt and tiles.row_tiles == 1:  # one launch: sink blocks, then routed ones
+            _launch(lib, up, tiles.nt, 1, tiles.depth, 0, n_sink_blocks + n_routed, src, codes, scales, scale2, sink,
                     *common)  # fmt: skip
             continue
         if in_kernel:
-            _launch(lib, up, nt_s, tiles.depth, 0, n_sink_blocks, src, codes, scales, scale2, sink, *common)
-        _launch(lib, up, tiles.nt, tiles.depth, n_sink_blocks, n_routed, src, codes, scales, scale2, sink, *common)
+            _launch(lib, up, nt_s, 1, tiles.depth, 0, n_sink_blocks, src, codes, scales, scale2, sink, *common)
+        _launch(lib, up, tiles.nt, tiles.row_tiles, tiles.depth, n_sink_blocks, n_routed, src, codes, scales, scale2,
+                sink, *common)  # fmt: skip
     if side is not None:
         main.wait_stream(side)

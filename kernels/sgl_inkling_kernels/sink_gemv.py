@@ -94,23 +94,34 @@ def sinks_gemv(x, sw13, sw2, gam, out, topk: int, block_j: int = 16, block_n: in
                num_stages: int = 4) -> None:  # fmt: skip
     """out[:, topk + s] = gam[:, s] * sink_s(x) for a batch of at most MAX_TOKENS tokens: x [T, H],
     sw13 [S, 2I, H] (gate/up rows interleaved), sw2 [S, H, I], gam [T, S], out [T, topk + S, H]."""
+    act = sinks_gemv_up(x, sw13, block_j, block_k, num_stages)
+    sinks_gemv_down(act, sw2, gam, out, topk, block_n, block_k, num_stages)
+
+
+def _launch_shape(t: int, block_rows: int, block_k: int, num_stages: int, dtype: torch.dtype) -> tuple[int, int, int]:
+    """(block_t, block_k, num_stages) of a launch over t tokens and weight tiles of block_rows rows."""
+    block_t = max(16, next_pow2(t))  # tl.dot takes at least 16 rows
+    if interpreting():
+        block_k = min(block_k, 64)
+    # Each stage holds a token tile and a weight tile of block_k columns; 64 tokens with 64-row tiles
+    # at 4 stages would ask for 256 KB.
+    per_stage = (block_t + block_rows) * block_k * dtype.itemsize
+    return block_t, block_k, max(1, min(num_stages, SMEM_BYTES // per_stage))
+
+
+def sinks_gemv_up(x, sw13, block_j: int = 16, block_k: int = 256, num_stages: int = 4) -> torch.Tensor:
+    """The sinks' gate/up GEMV and SwiGLU: act [S, T, I] for x [T, H] (at most MAX_TOKENS tokens) and sw13
+    [S, 2I, H]. It needs no routing: the fused MoE launches it ahead of the router (moe_w4a16_cuda.start_sinks)."""
     require_triton()
     t, h = x.shape
     n_sinks, two_i, _ = sw13.shape
     inter = two_i // 2
-    if not 0 < t <= MAX_TOKENS or sw13.shape[2] != h or sw2.shape != (n_sinks, h, inter) or gam.shape != (t, n_sinks):
-        raise ValueError(f"sinks_gemv: x {tuple(x.shape)}, sw13 {tuple(sw13.shape)}, sw2 {tuple(sw2.shape)}, "
-                         f"gam {tuple(gam.shape)} (at most {MAX_TOKENS} tokens)")  # fmt: skip
-    if x.stride(1) != 1 or sw13.stride(2) != 1 or sw2.stride(2) != 1 or out.stride(2) != 1:
-        raise ValueError("sinks_gemv: rows of x, the weights and out must be contiguous")
-    block_t = max(16, next_pow2(t))  # tl.dot takes at least 16 rows
-    if interpreting():
-        block_k = min(block_k, 64)
+    if not 0 < t <= MAX_TOKENS or sw13.shape[2] != h:
+        raise ValueError(f"sinks_gemv: x {tuple(x.shape)}, sw13 {tuple(sw13.shape)} (at most {MAX_TOKENS} tokens)")
+    if x.stride(1) != 1 or sw13.stride(2) != 1:
+        raise ValueError("sinks_gemv: rows of x and the weights must be contiguous")
+    block_t, block_k, num_stages = _launch_shape(t, 2 * block_j, block_k, num_stages, x.dtype)
     upcast, prec = dot_mode(x.dtype)
-    # Each stage holds a token tile and a weight tile of block_k columns; 64 tokens with 64-row tiles
-    # at 4 stages would ask for 256 KB.
-    per_stage = (block_t + max(2 * block_j, block_n)) * block_k * x.element_size()
-    num_stages = max(1, min(num_stages, SMEM_BYTES // per_stage))
     act = torch.empty(n_sinks, t, inter, dtype=x.dtype, device=x.device)
     _sink_up_kernel[(n_sinks, triton.cdiv(inter, block_j))](
         x, sw13, act, t, h, inter,
@@ -118,6 +129,21 @@ def sinks_gemv(x, sw13, sw2, gam, out, topk: int, block_j: int = 16, block_n: in
         BLOCK_T=block_t, BLOCK_J=block_j, BLOCK_K=block_k, UPCAST=upcast, PREC=prec, num_warps=4,
         num_stages=num_stages,
     )  # fmt: skip
+    return act
+
+
+def sinks_gemv_down(act, sw2, gam, out, topk: int, block_n: int = 32, block_k: int = 256, num_stages: int = 4) -> None:
+    """out[:, topk + s] = gam[:, s] * (sw2[s] @ act[s]) for act [S, T, I] (sinks_gemv_up's), sw2 [S, H, I],
+    gam [T, S], out [T, topk + S, H]."""
+    n_sinks, t, inter = act.shape
+    h = sw2.shape[1]
+    if sw2.shape != (n_sinks, h, inter) or gam.shape != (t, n_sinks) or out.shape[0] != t or out.shape[2] != h:
+        raise ValueError(f"sinks_gemv: act {tuple(act.shape)}, sw2 {tuple(sw2.shape)}, gam {tuple(gam.shape)}, "
+                         f"out {tuple(out.shape)}")  # fmt: skip
+    if sw2.stride(2) != 1 or out.stride(2) != 1:
+        raise ValueError("sinks_gemv: rows of the weights and out must be contiguous")
+    block_t, block_k, num_stages = _launch_shape(t, block_n, block_k, num_stages, act.dtype)
+    upcast, prec = dot_mode(act.dtype)
     _sink_down_kernel[(n_sinks, triton.cdiv(h, block_n))](
         act, sw2, gam, out, t, inter, h, topk,
         act.stride(0), act.stride(1), sw2.stride(0), sw2.stride(1), gam.stride(0), gam.stride(1), out.stride(0),

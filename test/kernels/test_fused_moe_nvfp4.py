@@ -291,6 +291,16 @@ CUDA_CASES = [
     ((12, 0, 3, 640, 384, 3), CudaTiles(nt=1, lean=1, warps=1, row_ring=2)),
     ((33, 2, 6, 512, 256, 5), CudaTiles(nt=1, lean=1, warps=2, row_ring=3, sink_stream=0, split_sinks=0)),
     ((9, 1, 4, 256, 512, 40), CudaTiles(nt=2, lean=1, warps=1, row_ring=3)),
+    # two row tiles a CTA (csrc tile_pair, the lean loop 32 rows deep): full width at batch 1 and 64, half
+    # last stages (I 384; H 640), the sinks in a launch of their own, a 2-stage ring of 4 warps (clamped to
+    # the shared memory), and the default dispatch at a batch with enough blocks to take it (64 experts)
+    ((8, 2, 6, 6144, 3072, 1), CudaTiles(nt=1, row_tiles=2)),
+    ((8, 2, 6, 6144, 3072, 64), CudaTiles(nt=1, row_tiles=2)),
+    ((8, 2, 6, 6144, 384, 1), CudaTiles(nt=1, row_tiles=2)),
+    ((12, 0, 3, 640, 384, 3), CudaTiles(nt=1, row_tiles=2)),
+    ((33, 2, 6, 512, 256, 5), CudaTiles(nt=1, row_tiles=2, sink_stream=0, split_sinks=0)),
+    ((8, 2, 6, 6144, 3072, 64), CudaTiles(nt=1, row_tiles=2, warps=4, row_ring=4)),
+    ((64, 2, 6, 1024, 512, 40), None),
 ]
 
 
@@ -298,7 +308,8 @@ def _case_id(case) -> str:
     """The ring in the test id, so that a GPU run can select one ring's cases with -k (and run them in
     a process of their own: a kernel fault poisons its process's CUDA context)."""
     shape, tiles = case
-    ring = "default" if tiles is None else "lean" if tiles.lean else "row_ring" if tiles.row_ring else "chunk"
+    ring = "default" if tiles is None else "pair" if tiles.row_tiles == 2 else "lean" if tiles.lean else \
+        "row_ring" if tiles.row_ring else "chunk"  # fmt: skip
     return ring + "-" + "x".join(map(str, shape))
 
 
@@ -313,25 +324,36 @@ def test_cuda_decode_matches_reference(shape, tiles):
 
 
 @pytest.mark.skipif(not CUDA, reason="CUDA kernels")
-@pytest.mark.parametrize("pdl,row_ring", [(0, 0), (1, 0), (0, 4)], ids=["chunk", "chunk-pdl", "row_ring"])
-def test_side_stream_sinks_replay_from_a_cuda_graph(pdl, row_ring):
-    """The side-stream fork and join (and the programmatic launch edge, the row ring's copies) are
-    captured: replays on new inputs equal the reference."""
-    _graph_replays_match_reference(CudaTiles(nt=1, sink_stream=1, pdl=pdl, row_ring=row_ring), 21, (1, 2))
+@pytest.mark.parametrize("pdl,row_ring,row_tiles", [(0, 0, 1), (1, 0, 1), (0, 4, 1), (0, 3, 2)],
+                         ids=["chunk", "chunk-pdl", "row_ring", "pair"])  # fmt: skip
+def test_side_stream_sinks_replay_from_a_cuda_graph(pdl, row_ring, row_tiles):
+    """The side-stream fork and join (and the programmatic launch edge, the row ring's copies, the
+    row tile pairs) are captured: replays on new inputs equal the reference."""
+    tiles = CudaTiles(nt=1, sink_stream=1, pdl=pdl, row_ring=row_ring, row_tiles=row_tiles)
+    _graph_replays_match_reference(tiles, 21, (1, 2))
 
 
-def _graph_replays_match_reference(tiles: CudaTiles, seed: int, replay_seeds: tuple[int, ...]) -> None:
+def _graph_replays_match_reference(tiles: CudaTiles | None, seed: int, replay_seeds: tuple[int, ...],
+                                   ahead: bool = False) -> None:  # fmt: skip
     """Capture the fused MoE on one problem, then replay it on the inputs of others (the weights kept):
-    every replay equals the reference."""
+    every replay equals the reference. ahead: the sinks' gate/up launched first (sinks_ahead_nvfp4)."""
+    from sgl_inkling_kernels.fused_moe_nvfp4 import sinks_ahead_nvfp4
+
     shape = (16, 2, 6, 1024, 512, 4)
     x, w13, w2, ids, weights, sw13, sw2, gam = _problem(*shape, torch.bfloat16, seed=seed)
     static = [t.clone() for t in (x, ids, weights, gam)]
     m13, m2 = _mma(w13), _mma(w2)
-    fused_moe_nvfp4(static[0], *m13, *m2, static[1], static[2], sw13, sw2, static[3], tiles=tiles, layout="mma")
+
+    def run():
+        sa = sinks_ahead_nvfp4(static[0], m13[0], sw13, shape[2], "mma") if ahead else None
+        assert (sa is not None) == ahead
+        return fused_moe_nvfp4(static[0], *m13, *m2, static[1], static[2], sw13, sw2, static[3], tiles=tiles,
+                               layout="mma", sinks_ahead=sa)  # fmt: skip
+
+    run()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        got = fused_moe_nvfp4(static[0], *m13, *m2, static[1], static[2], sw13, sw2, static[3], tiles=tiles,
-                              layout="mma")  # fmt: skip
+        got = run()
     for s in replay_seeds:
         x2, _, _, ids2, weights2, _, _, gam2 = _problem(*shape, torch.bfloat16, seed=s)
         for dst, src in zip(static, (x2, ids2, weights2, gam2)):
@@ -357,6 +379,41 @@ def test_sink_plans_replay_from_a_cuda_graph(plan):
         _graph_replays_match_reference(CudaTiles(nt=1, sink_stream=1), 23, (3, 4))
     finally:
         set_sink_path(default.pop("path"), **default)
+
+
+@pytest.mark.skipif(not CUDA, reason="CUDA kernels")
+@pytest.mark.parametrize("shape", [(8, 2, 6, 6144, 3072, 1), (64, 2, 6, 1024, 512, 64), (64, 2, 6, 1024, 512, 80)],
+                         ids=["slice-bs1", "gemv-bs64", "blas-bs80"])  # fmt: skip
+def test_sinks_started_ahead_of_the_router_match_reference(shape):
+    """The sinks' gate/up launched on the side stream before routing (as MoE.forward does), their down
+    projection in fused_moe_nvfp4 once the gammas exist: the GEMV path (up to 64 tokens) and cuBLAS."""
+    from sgl_inkling_kernels.fused_moe_nvfp4 import sinks_ahead_nvfp4
+
+    x, w13, w2, ids, weights, sw13, sw2, gam = _problem(*shape, torch.bfloat16, seed=31 + shape[-1])
+    m13, m2 = _mma(w13), _mma(w2)
+    ahead = sinks_ahead_nvfp4(x, m13[0], sw13, shape[2], "mma")
+    assert ahead is not None and ahead.act.shape == (shape[1], shape[-1], shape[4])
+    got = fused_moe_nvfp4(x, *m13, *m2, ids, weights, sw13, sw2, gam, layout="mma", sinks_ahead=ahead)
+    _assert_close(got, _reference(x, w13, w2, ids, weights, sw13, sw2, gam), torch.bfloat16)
+
+
+@pytest.mark.skipif(not CUDA, reason="CUDA kernels")
+def test_sinks_started_ahead_replay_from_a_cuda_graph():
+    _graph_replays_match_reference(None, 25, (5, 6), ahead=True)
+
+
+def test_sinks_ahead_only_where_the_cuda_decode_kernels_take_them():
+    """Nothing is launched ahead off the CUDA decode path (the CPU, the checkpoint's code layout, no
+    sinks), and a handle given to another path is refused rather than its sinks computed twice."""
+    from sgl_inkling_kernels.fused_moe_nvfp4 import sinks_ahead_nvfp4
+    from sgl_inkling_kernels.moe_w4a16_cuda import SinksAhead
+
+    x, w13, w2, ids, weights, sw13, sw2, gam = _problem(8, 2, 2, 128, 128, 3, torch.float32, seed=3)
+    assert sinks_ahead_nvfp4(x, w13[0], sw13, 2, "mma") is None  # CPU x (or the checkpoint's layout below)
+    assert sinks_ahead_nvfp4(x, w13[0], sw13, 2) is None
+    assert sinks_ahead_nvfp4(x, w13[0], None, 2, "mma") is None
+    with pytest.raises(ValueError, match="sinks_ahead is for the CUDA decode kernels"):
+        fused_moe_nvfp4(x, *w13, *w2, ids, weights, sw13, sw2, gam, sinks_ahead=SinksAhead(torch.empty(0)))
 
 
 def _shifted(t: torch.Tensor, offset: int) -> torch.Tensor:
@@ -435,6 +492,39 @@ def test_blas_sinks_match_a_brute_force():
             act = torch.nn.functional.silu(gu[0::2]) * gu[1::2]
             torch.testing.assert_close(out[tok, k + j], gam[tok, j] * (sw2[j] @ act), rtol=1e-5, atol=1e-6)
     assert out[:, :k].isnan().all()  # routed slots are not its business
+
+
+def test_default_cuda_tiles_pair_row_tiles_where_the_blocks_fill_the_gpu(monkeypatch):
+    """Two row tiles a CTA (half the CTAs) once a batch hits ROW_TILE_PAIR_MIN_BLOCKS experts or more, with
+    one column tile and the lean row ring (where PAIR_ROW_TILES); the build (library) stays the same; tiles
+    that cannot take them are refused, and scales off 8-byte rows (the chunk ring) fall back to one."""
+    from dataclasses import replace
+
+    from sgl_inkling_kernels import moe_w4a16_cuda as m
+
+    if not m.PAIR_ROW_TILES:
+        assert m.default_cuda_tiles(64 * 6, 256, 64).row_tiles == 1
+        monkeypatch.setattr(m, "PAIR_ROW_TILES", True)
+
+    lo = m.ROW_TILE_PAIR_MIN_BLOCKS
+    for t in (1, 2, 4, 8, 16, 32, 64):
+        for e in (8, 64, 256):
+            tiles = m.default_cuda_tiles(t * 6, e, t)
+            assert tiles.row_tiles == (2 if tiles.nt == 1 and min(t * 6, e) >= lo else 1), (t, e)
+    assert m.default_cuda_tiles(64 * 6, 256, 64).row_tiles == 2  # inkling's batch 64
+    assert m.default_cuda_tiles(6, 256, 1).row_tiles == 1  # batch 1: 6 blocks
+    assert len({m.default_cuda_tiles(t * 6, 256, t).defines() for t in (1, 64)}) == 1
+    shipped = m.BUILD
+    try:
+        m.BUILD = replace(shipped, lean=0)
+        assert m.default_cuda_tiles(64 * 6, 256, 64).row_tiles == 1
+    finally:
+        m.BUILD = shipped
+    for bad in (dict(row_ring=0), dict(lean=0), dict(nt=2), dict(row_tiles=3)):
+        with pytest.raises(ValueError, match="row_tiles"):
+            CudaTiles(**{"nt": 1, "row_tiles": 2, **bad})
+    odd = torch.zeros(4, 16, 20, dtype=torch.uint8)[:, :, 1:17]  # scale rows starting off 8 bytes
+    assert m.ring_for(CudaTiles(nt=1, row_tiles=2), odd, odd) == CudaTiles(nt=1, row_ring=0)
 
 
 def test_default_cuda_tiles_build_one_library_per_sink_choice():

@@ -31,19 +31,22 @@ def sweep(script: str) -> list[str]:
 
 
 def test_c_spec_names_every_field_in_order():
-    tiles, asm, batches = parse_tiles("c:2,8,4,128,8,0,1,0,0,3,0,1,3,1@1,8")
+    tiles, asm, batches = parse_tiles("c:2,8,4,128,8,0,1,0,0,3,0,1,3,1,1@1,8")
     want = CudaTiles(nt=2, depth=8, kernel_sink_max=4, l2=128, warps=8, dual_acc=0, x_prefetch=1, cp_async=0,
                      split_sinks=0, one_launch_max=3, sink_stream=0, pdl=1, row_ring=3, lean=1)  # fmt: skip
     assert tiles == want and asm == [] and batches == [1, 8]
-    assert parse_tiles("c:1,4,8,256,2,1,0,8,1,1,1,0,3,1")[0] == CudaTiles(nt=1)  # the shipped build
-    assert parse_tiles("c:1,4,8,256,4,1,0,8,1,1,1,0,4,0")[0] == CudaTiles(nt=1, warps=4, row_ring=4, lean=0)
+    assert parse_tiles("c:1,4,8,256,2,1,0,8,1,1,1,0,3,1,1")[0] == CudaTiles(nt=1)  # the shipped build
+    assert parse_tiles("c:1,4,8,256,4,1,0,8,1,1,1,0,4,0,1")[0] == CudaTiles(nt=1, warps=4, row_ring=4, lean=0)
+    assert parse_tiles("c:1,4,8,256,2,1,0,8,1,1,1,0,3,1,2")[0] == CudaTiles(nt=1, row_tiles=2)
 
 
 @pytest.mark.parametrize("body,why", [
-    ("1,4,8,256,4,1,0,8,1,1,1,0,0,4", "lean"),  # the 14 fields with bulk (or persist) of before
+    ("1,4,8,256,4,1,0,8,1,1,1,0,0,4,1", "lean"),  # 15 fields with bulk (or persist) of before
+    ("1,4,8,256,4,1,0,8,1,1,1,0,4,0", "row_tiles .the 15th"),  # the 14 of before row_tiles was added
     ("1,4,8,256,4,1,0,8,1,1,1,0,4", "lean .the 14th"),  # the 13 of before lean was added
-    ("1,4", "14 of"),  # trailing fields are not optional: they would hide a shifted spec
-    ("1,4,8,256,4,1,1,8,1,1,1,0,4,0", "x_prefetch"),  # a field combination CudaTiles refuses, as an exit
+    ("1,4", "15 of"),  # trailing fields are not optional: they would hide a shifted spec
+    ("1,4,8,256,4,1,1,8,1,1,1,0,4,0,1", "x_prefetch"),  # a field combination CudaTiles refuses, as an exit
+    ("2,4,8,256,2,1,0,8,1,1,1,0,3,1,2", "row_tiles 2 needs nt 1"),
 ])  # fmt: skip
 def test_c_spec_of_another_field_list_is_refused(body, why):
     with pytest.raises(SystemExit, match=why):

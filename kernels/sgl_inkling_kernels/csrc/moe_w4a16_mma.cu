@@ -527,12 +527,15 @@ template <typename T>
 // pointers. The activations are loaded for the whole stage without predicates: a padding column
 // reads its block's first column's row (start_tile), and a column's products only reach its own
 // outputs, which finish_tile never writes for padding. Same copies, same order of products as row_ring_products.
-template <int S, bool UP>
-__device__ __forceinline__ void row_ring_lean(uint4 (&ring)[kWarps][S][16][8], uint2 (&sc)[kWarps][S][16][2],
+// RT 2 (tile_pair): the warp's stage holds two 16-row tiles, 32 rows, whose products share each chunk's
+// activation loads (acc[t]: tile t's accumulators).
+template <int S, bool UP, int RT>
+__device__ __forceinline__ void row_ring_lean(uint4 (&ring)[kWarps][S][16 * RT][8], uint2 (&sc)[kWarps][S][16 * RT][2],
                                               const uint8_t* codes, int64_t s_cr, const uint8_t* scales,
                                               int64_t s_sr, int n_chunks, int warp, int lane, int g, int lane4,
-                                              const __nv_bfloat16* xrow, float (&acc)[1][4], float (&acc2)[1][4]) {
-  constexpr int kStage = 16 * 8 * 16, kScStage = 16 * 2 * 8;  // bytes of a code / scale stage
+                                              const __nv_bfloat16* xrow, float (&acc)[RT][1][4],
+                                              float (&acc2)[RT][1][4]) {
+  constexpr int kStage = 16 * RT * 8 * 16, kScStage = 16 * RT * 2 * 8;  // bytes of a code / scale stage
   const int n_stages = (n_chunks + kRowSpan - 1) / kRowSpan;
   // Copies (row_fill's): unit u of rows 4q + r, q = 0..3 (whose swizzle is r's: rows 4 apart share
   // it, so the four destinations are 512 bytes apart), and 8 scale bytes of row lane / 2.
@@ -551,12 +554,13 @@ __device__ __forceinline__ void row_ring_lean(uint4 (&ring)[kWarps][S][16][8], u
       const uint32_t slot = issued % S;
       if (full || copy_half) {
         const uint32_t d = dst + slot * kStage;
-        cp_async16_at(d, src);
-        cp_async16_at(d + 512, src + row4);
-        cp_async16_at(d + 1024, src + 2 * row4);
-        cp_async16_at(d + 1536, src + 3 * row4);
+#pragma unroll
+        for (int q = 0; q < 4 * RT; ++q) cp_async16_at(d + 512 * q, src + q * row4);
       }
-      if (full || scale_half) cp_async8_at(sdst + slot * kScStage, ssrc);
+      if (full || scale_half) {
+#pragma unroll
+        for (int t = 0; t < RT; ++t) cp_async8_at(sdst + slot * kScStage + 256 * t, ssrc + 16 * t * s_sr);
+      }
     }
     cp_async_commit();
     ++issued;
@@ -566,7 +570,7 @@ __device__ __forceinline__ void row_ring_lean(uint4 (&ring)[kWarps][S][16][8], u
 #pragma unroll
   for (int st = 0; st < S - 1; ++st) issue();
   // Reads (row_chunk's): chunk c's unit c * 4 + lane4 of rows lr0, lr1, and their scale pairs (chunk 1's
-  // 8 bytes after chunk 0's).
+  // 8 bytes after chunk 0's); tile t's rows 16 t further (a constant offset of each read).
   const int lr0 = UP ? 2 * g : g, lr1 = UP ? 2 * g + 1 : g + 8;
   const uint32_t ring_at = static_cast<uint32_t>(__cvta_generic_to_shared(&ring[warp][0][0][0]));
   const uint32_t sc_at = static_cast<uint32_t>(__cvta_generic_to_shared(&sc[warp][0][0][0]));
@@ -601,18 +605,25 @@ __device__ __forceinline__ void row_ring_lean(uint4 (&ring)[kWarps][S][16][8], u
     const uint32_t so = (i % S) * kStage, sso = (i % S) * kScStage;
     cp_async_wait<S - 2>();
     __syncwarp();  // lanes read rows other lanes copied
-    WChunk<true> ch[2];
+    WChunk<true> ch[RT][2];
 #pragma unroll
-    for (int c = 0; c < 2; ++c) {
-      ch[c].w[0] = lds128(rd[c][0] + so);
-      ch[c].w[1] = lds128(rd[c][1] + so);
-      ch[c].s[0] = lds16(rs0 + sso + 8 * c);
-      ch[c].s[1] = lds16(rs1 + sso + 8 * c);
-    }
+    for (int t = 0; t < RT; ++t)
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        ch[t][c].w[0] = lds128(rd[c][0] + so + 2048 * t);
+        ch[t][c].w[1] = lds128(rd[c][1] + so + 2048 * t);
+        ch[t][c].s[0] = lds16(rs0 + sso + 8 * c + 256 * t);
+        ch[t][c].s[1] = lds16(rs1 + sso + 8 * c + 256 * t);
+      }
     __syncwarp();  // before the stage is refilled
     issue();
-    compute_chunk<true, 1, true>(acc, acc2, ch[0], xr, ok, kRowSpan * sp, lane4, xv[0]);
-    if (full) compute_chunk<true, 1, true>(acc, acc2, ch[1], xr, ok, kRowSpan * sp + 1, lane4, xv[1]);
+#pragma unroll
+    for (int t = 0; t < RT; ++t) compute_chunk<true, 1, true>(acc[t], acc2[t], ch[t][0], xr, ok, kRowSpan * sp, lane4, xv[0]);
+    if (full) {
+#pragma unroll
+      for (int t = 0; t < RT; ++t)
+        compute_chunk<true, 1, true>(acc[t], acc2[t], ch[t][1], xr, ok, kRowSpan * sp + 1, lane4, xv[1]);
+    }
   }
   cp_async_wait<0>();
 }
@@ -632,7 +643,8 @@ __device__ __forceinline__ void row_ring_products(const uint8_t* codes, int64_t 
   __shared__ uint4 ring[kWarps][S][16][8];
   __shared__ uint2 sc[kWarps][S][16][2];
   if constexpr (NT == 1 && MOE_LEAN) {
-    row_ring_lean<S, UP>(ring, sc, codes, s_cr, scales, s_sr, n_chunks, warp, lane, g, lane4, xrow[0], acc, acc2);
+    row_ring_lean<S, UP, 1>(ring, sc, codes, s_cr, scales, s_sr, n_chunks, warp, lane, g, lane4, xrow[0],
+                            reinterpret_cast<float(&)[1][1][4]>(acc), reinterpret_cast<float(&)[1][1][4]>(acc2));
     return;
   }
   const int n_stages = (n_chunks + kRowSpan - 1) / kRowSpan;
@@ -758,22 +770,63 @@ __device__ __forceinline__ void tile(const Args& a, const Blocks& b, int blk, in
   finish_tile<FP4, NT, UP>(a, b, blk, rt, warp, g, lane4, e, s, acc, acc2, red);
 }
 
+#if MOE_ROW_RING && MOE_LEAN
+// Row tiles rt and rt + 1 of routed block blk in one CTA (the lean row ring's stages 32 rows deep): the
+// block's activations are loaded once for both tiles, halving the activation bytes a weight byte costs
+// the L1 and L2 where a block has few real columns (at batch 64 over 256 experts about 1.5 of 8: the
+// routed launches there were at 92% of L2 and 88% of L1 throughput with DRAM at 75%, Nsight Compute
+// at 957bcda, results/diagnostics/moe_x_ahead_7f29064). Half the CTAs, each with twice the work: for
+// batches with many blocks (moe_w4a16_cuda.row_tiles).
+template <bool UP>
+__device__ __forceinline__ void tile_pair(const Args& a, const Blocks& b, int blk, int rt, int warp, int g,
+                                          int lane4) {
+  __shared__ float red[2][kWarps > 1 ? kWarps - 1 : 1][4][32];
+  constexpr int kFit = (48 * 1024 - 2 * (kWarps - 1) * 4 * 32 * 4) / (kWarps * 2 * (16 * 8 + 16) * 16);
+  constexpr int kWant = MOE_ROW_RING > 2 ? MOE_ROW_RING : 2;
+  constexpr int S = kWant < kFit ? kWant : kFit;
+  static_assert(S >= 2, "the row ring needs two stages");
+  __shared__ uint4 ring[kWarps][S][32][8];
+  __shared__ uint2 sc[kWarps][S][32][2];
+  const int e = (int)b.block_expert[blk - b.n_sink_blocks];
+  if (e < 0) return;  // past the last real block (the grid is sized for the worst case)
+  const __nv_bfloat16* xrow[1];
+  bool xok[1];
+  float acc[2][1][4], acc2[2][1][4];
+  start_tile<1>(a, b, blk, g, UP, false, 0, xrow, xok, acc[0], acc2[0]);
+#pragma unroll
+  for (int q = 0; q < 4; ++q) acc[1][0][q] = acc2[1][0][q] = 0.f;
+  row_ring_lean<S, UP, 2>(ring, sc, a.codes + e * a.s_ce + rt * 16 * a.s_cr, a.s_cr,
+                          a.scales + e * a.s_se + rt * 16 * a.s_sr, a.s_sr, a.K / kChunk, warp, g * 4 + lane4, g,
+                          lane4, xrow[0], acc, acc2);
+  // Two reductions, each its own buffer: a warp past the first may write the second's while warp 0
+  // still reads the first's.
+  finish_tile<true, 1, UP>(a, b, blk, rt, warp, g, lane4, e, 0, acc[0], acc2[0], red[0]);
+  finish_tile<true, 1, UP>(a, b, blk, rt + 1, warp, g, lane4, e, 0, acc[1], acc2[1], red[1]);
+}
+#endif
+
 #ifndef MOE_SPLIT_SINKS  // sink and routed blocks in separate launches, each kernel with only its path
 #define MOE_SPLIT_SINKS 0
 #endif
 
 // PATHS 0: sink blocks (BF16) first in the grid, the heaviest, and the routed ones fill in behind; the
 // kernel holds both paths (its registers are the larger path's). 1: routed only, 2: sinks only.
-template <int NT, bool UP, int DEPTH, int PATHS>
+// RT 2: routed blocks only (PATHS 1), one column tile, the lean row ring; row tiles 2x and 2x + 1.
+template <int NT, bool UP, int DEPTH, int PATHS, int RT>
 __global__ void __launch_bounds__(kWarps * 32) moe_w4a16_kernel(Args a, Blocks b) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
 #if MOE_PDL
   asm volatile("griddepcontrol.launch_dependents;");
 #endif
-  const int rt = blockIdx.x;  // 16-row tile
+  const int rt = blockIdx.x * RT;  // 16-row tile
   const int blk = b.block_lo + blockIdx.y;
   __shared__ float red[kWarps > 1 ? kWarps - 1 : 1][NT * 4][32];  // the other warps' partial tiles
-  if constexpr (PATHS == 1) {
+  if constexpr (RT == 2) {
+#if MOE_ROW_RING && MOE_LEAN
+    static_assert(NT == 1 && PATHS == 1, "row tile pairs are for routed blocks of one column tile");
+    tile_pair<UP>(a, b, blk, rt, warp, lane >> 2, lane & 3);
+#endif
+  } else if constexpr (PATHS == 1) {
     tile<true, NT, UP, DEPTH>(a, b, blk, rt, warp, lane >> 2, lane & 3, red);
   } else if constexpr (PATHS == 2) {
     tile<false, NT, UP, DEPTH>(a, b, blk, rt, warp, lane >> 2, lane & 3, red);
@@ -802,12 +855,12 @@ cudaError_t launch_kernel(void (*kernel)(P...), dim3 grid, dim3 block, cudaStrea
   return cudaLaunchKernelEx(&cfg, kernel, args...);
 }
 
-template <int NT, bool UP, int DEPTH, int PATHS>
+template <int NT, bool UP, int DEPTH, int PATHS, int RT = 1>
 cudaError_t launch_range(int lo, int hi, const Args& a, Blocks b, cudaStream_t stream) {
   if (hi <= lo) return cudaSuccess;
   b.block_lo = lo;
-  return launch_kernel<UP>(moe_w4a16_kernel<NT, UP, DEPTH, PATHS>, dim3(a.n_rows / 16, hi - lo), dim3(kWarps * 32),
-                           stream, a, b);
+  return launch_kernel<UP>(moe_w4a16_kernel<NT, UP, DEPTH, PATHS, RT>, dim3(a.n_rows / (16 * RT), hi - lo),
+                           dim3(kWarps * 32), stream, a, b);
 }
 
 template <int NT, bool UP, int DEPTH>
@@ -826,8 +879,18 @@ cudaError_t launch_depth(int n_blocks, const Args& a, const Blocks& b, cudaStrea
 
 // The C entry point (loaded with ctypes: no torch headers, so the build takes seconds and does not
 // depend on torch's C++ ABI). The caller checks dtypes, shapes and alignment.
+// rt 2 (row tile pairs): routed blocks only, one column tile, a build with the lean row ring, and rows a
+// multiple of 32; the depth does not apply to the row ring.
 template <int NT, bool UP>
-cudaError_t launch_one(int n_blocks, int depth, const Args& a, const Blocks& b, cudaStream_t stream) {
+cudaError_t launch_one(int rt, int n_blocks, int depth, const Args& a, const Blocks& b, cudaStream_t stream) {
+  if (rt == 2) {
+    if constexpr (NT == 1 && MOE_ROW_RING && MOE_LEAN) {
+      if (b.block_lo < b.n_sink_blocks || a.n_rows % 32) return cudaErrorInvalidValue;
+      return launch_range<1, UP, 4, 1, 2>(b.block_lo, b.block_lo + n_blocks, a, b, stream);
+    }
+    return cudaErrorInvalidValue;
+  }
+  if (rt != 1) return cudaErrorInvalidValue;
   if (depth == 8) return launch_depth<NT, UP, 8>(n_blocks, a, b, stream);
   if (depth == 4) return launch_depth<NT, UP, 4>(n_blocks, a, b, stream);
   if (depth == 2) return launch_depth<NT, UP, 2>(n_blocks, a, b, stream);
@@ -835,12 +898,12 @@ cudaError_t launch_one(int n_blocks, int depth, const Args& a, const Blocks& b, 
 }
 
 template <bool UP>
-cudaError_t launch_nt(int nt, int n_blocks, int depth, const Args& a, const Blocks& b, cudaStream_t stream) {
+cudaError_t launch_nt(int nt, int rt, int n_blocks, int depth, const Args& a, const Blocks& b, cudaStream_t stream) {
   switch (nt) {
-    case 1: return launch_one<1, UP>(n_blocks, depth, a, b, stream);
-    case 2: return launch_one<2, UP>(n_blocks, depth, a, b, stream);
-    case 4: return launch_one<4, UP>(n_blocks, depth, a, b, stream);
-    case 8: return launch_one<8, UP>(n_blocks, depth, a, b, stream);
+    case 1: return launch_one<1, UP>(rt, n_blocks, depth, a, b, stream);
+    case 2: return launch_one<2, UP>(rt, n_blocks, depth, a, b, stream);
+    case 4: return launch_one<4, UP>(rt, n_blocks, depth, a, b, stream);
+    case 8: return launch_one<8, UP>(rt, n_blocks, depth, a, b, stream);
     default: return cudaErrorInvalidValue;
   }
 }
@@ -850,8 +913,9 @@ cudaError_t launch_nt(int nt, int n_blocks, int depth, const Args& a, const Bloc
 // One projection over blocks [block_lo, block_lo + n_blocks): sink blocks (index < n_sink_blocks,
 // BF16 sink_w) first, then the routed blocks of moe_align(ids, E, 8 * nt) (NVFP4 codes/scales).
 // up: in = x [T, H] -> act rows; else in = act -> out slots. Strides in elements (bytes for the
-// uint8 codes and scales). Returns a cudaError_t (0: launched).
-extern "C" int sgl_moe_w4a16(int up, int nt, int depth, int block_lo, int n_blocks, const void* in, int64_t s_in,
+// uint8 codes and scales). rt: 16-row tiles a CTA (1, or 2: see launch_one). Returns a cudaError_t
+// (0: launched).
+extern "C" int sgl_moe_w4a16(int up, int nt, int rt, int depth, int block_lo, int n_blocks, const void* in, int64_t s_in,
                              const void* codes, int64_t s_ce, int64_t s_cr, const void* scales, int64_t s_se,
                              int64_t s_sr, const void* scale2, const void* sink_w, int64_t s_we, int64_t s_wr,
                              const void* pairs, const void* block_expert, const void* weights, const void* gam,
@@ -867,7 +931,7 @@ extern "C" int sgl_moe_w4a16(int up, int nt, int depth, int block_lo, int n_bloc
                  static_cast<const float*>(gam), static_cast<const float*>(weights), s_gt, n_pairs, T, topk,
                  n_sink_blocks, block_lo};
   const auto st = static_cast<cudaStream_t>(stream);
-  return up ? launch_nt<true>(nt, n_blocks, depth, a, b, st) : launch_nt<false>(nt, n_blocks, depth, a, b, st);
+  return up ? launch_nt<true>(nt, rt, n_blocks, depth, a, b, st) : launch_nt<false>(nt, rt, n_blocks, depth, a, b, st);
 }
 
 extern "C" const char* sgl_moe_w4a16_error(int code) { return cudaGetErrorString(static_cast<cudaError_t>(code)); }
