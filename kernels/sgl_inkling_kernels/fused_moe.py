@@ -98,6 +98,19 @@ SMALL_ALIGN_PAIRS = 64
 
 
 @triton.jit
+def _fill_padding(Pairs, BlockExpert, num_pairs, max_blocks, block_m, offs):
+    """moe_align's empty layout, in chunks of offs' length: every pair slot num_pairs (padding) and every
+    block -1; a barrier after it, so that the caller's stores of real pairs land on top."""
+    for b0 in range(0, max_blocks * block_m, offs.shape[0]):
+        o = b0 + offs
+        tl.store(Pairs + o, num_pairs + 0 * o, mask=o < max_blocks * block_m)
+    for b0 in range(0, max_blocks, offs.shape[0]):
+        o = b0 + offs
+        tl.store(BlockExpert + o, -1 + 0 * o, mask=o < max_blocks)
+    tl.debug_barrier()
+
+
+@triton.jit
 def align_small(
     Ids, Pairs, BlockExpert, num_pairs, num_experts, max_blocks, BLOCK_M: tl.constexpr, P: tl.constexpr
 ):
@@ -116,13 +129,7 @@ def align_small(
     first = real & (rank == 0)
     start = tl.sum(tl.where(first[None, :] & (ej < ei), nblk[None, :], 0), 1)  # blocks of smaller experts
     # Padding everywhere first, then the real pairs and their blocks' experts.
-    for b0 in range(0, max_blocks * BLOCK_M, P):
-        o = b0 + i
-        tl.store(Pairs + o, num_pairs + 0 * o, mask=o < max_blocks * BLOCK_M)
-    for b0 in range(0, max_blocks, P):
-        o = b0 + i
-        tl.store(BlockExpert + o, -1 + 0 * o, mask=o < max_blocks)
-    tl.debug_barrier()
+    _fill_padding(Pairs, BlockExpert, num_pairs, max_blocks, BLOCK_M, i)
     tl.store(Pairs + start * BLOCK_M + rank, i, mask=real)
     for j in range(0, tl.max(nblk, 0)):  # block j of each expert, stored from the expert's first pair
         tl.store(BlockExpert + start + j, e, mask=first & (j < nblk))
@@ -205,13 +212,7 @@ def _moe_align_sort_kernel(
     count = head + tail - 1
     pad = tl.where(tail == 1, (count + block_m - 1) // block_m * block_m - count, 0)  # at a run's last pair
     dest = j + tl.cumsum(pad, 0) - pad  # sorted position + the padding of earlier runs
-    for b0 in range(0, max_blocks * block_m, P):  # padding everywhere first
-        o = b0 + j
-        tl.store(Pairs + o, num_pairs + 0 * o, mask=o < max_blocks * block_m)
-    for b0 in range(0, max_blocks, P):
-        o = b0 + j
-        tl.store(BlockExpert + o, -1 + 0 * o, mask=o < max_blocks)
-    tl.debug_barrier()
+    _fill_padding(Pairs, BlockExpert, num_pairs, max_blocks, block_m, j)  # padding everywhere first
     tl.store(Pairs + dest, key & (P - 1), mask=real)
     # Every block of a run holds at least one of its pairs, so the pairs name all the blocks' experts.
     tl.store(BlockExpert + dest // block_m, tl.where(e < num_experts, e, -1), mask=real)
