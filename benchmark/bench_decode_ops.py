@@ -1,5 +1,6 @@
 """The small decode ops of one Inkling layer at full width, fused (the current kernels) and unfused
-(the launches they replaced), each against its bandwidth floor: bytes that must move / 4.3 TB/s.
+(the launches they replaced), each against its bandwidth floor: bytes that must move / the card's
+ceiling (benchmark/hbm_ceiling.py: 4.3 TB/s on the H200).
 
     python benchmark/bench_decode_ops.py --batch-sizes 1 64 --result-file benchmark/results/bench_decode_ops.json
     python benchmark/bench_decode_ops.py --batch-sizes 1 8 16 ...  # router_align: one launch possible up to batch 10
@@ -26,8 +27,9 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "kernels"), str(ROOT / "python")]
 
-from benchmark.bench_moe_nvfp4 import PEAK_TBS, time_graph  # noqa: E402
+from benchmark.bench_moe_nvfp4 import time_graph  # noqa: E402
 from benchmark.bench_one_batch import git_commit  # noqa: E402
+from benchmark.hbm_ceiling import peak_tb_s  # noqa: E402
 from sgl_inkling_kernels.decode_attention import decode_attention, default_num_splits  # noqa: E402
 from sgl_inkling_kernels.fused_moe import (  # noqa: E402
     SMALL_ALIGN_PAIRS,
@@ -215,7 +217,7 @@ def main() -> None:
                 continue
             fused, unfused, moved = case()
             calls = args.calls if name[:9] != "attention" else 2
-            floor_us = moved / (PEAK_TBS * 1e12) * 1e6
+            floor_us = moved / (peak_tb_s() * 1e12) * 1e6
             row = {"batch_size": bsz, "op": name, "bytes": moved, "floor_us": floor_us}
             for label, fn in (("fused", fused), ("unfused", unfused)):
                 if fn is not None:
@@ -229,7 +231,7 @@ def main() -> None:
 
     commit, dirty = git_commit()
     doc = {"benchmark": "bench_decode_ops", "config": {"hidden": H, "heads": NH, "head_dim": HD, "d_rel": DREL,
-           "experts": E, "sinks": S, "top_k": TOPK, "peak_tb_s": PEAK_TBS, "calls_per_graph": args.calls},
+           "experts": E, "sinks": S, "top_k": TOPK, "peak_tb_s": peak_tb_s(), "calls_per_graph": args.calls},
            "gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
            "git_commit": commit, "git_dirty": dirty, "results": results}  # fmt: skip
     args.result_file.parent.mkdir(parents=True, exist_ok=True)

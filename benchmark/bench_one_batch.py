@@ -1,5 +1,6 @@
 """Static-batch latency through the model runner: prefill time, then decode step time per trunk
-layer and for the LM head, against the memory-bandwidth floor (bytes that must be read / 4.3 TB/s).
+layer and for the LM head, against the memory-bandwidth floor (bytes that must be read / the card's ceiling,
+benchmark/hbm_ceiling.py: 4.3 TB/s on the H200).
 
     python benchmark/bench_one_batch.py --config slice --batch-size 1 64        # on the H200
     python benchmark/bench_one_batch.py --config tiny --device cpu --batch-size 1 2   # smoke test
@@ -32,6 +33,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "kernels")]
 
+from benchmark.hbm_ceiling import peak_tb_s  # noqa: E402
 from benchmark.moe_build import apply as apply_moe_build  # noqa: E402
 from sgl_inkling.model_executor.cuda_graph_runner import capture_forward  # noqa: E402
 from sgl_inkling.model_executor.forward_batch import ForwardBatch, ForwardMode  # noqa: E402
@@ -53,7 +55,6 @@ from sgl_inkling_kernels._triton import kernel_dispatch  # noqa: E402
 BATCH_TENSORS = ("input_ids", "positions", "req_pool_indices", "prefix_lens", "extend_lens", "out_loc",
                  "out_loc_swa", "logits_indices")  # fmt: skip
 
-HBM_BYTES_PER_S = 4.3e12  # measured batch-1 bf16 GEMV streaming rate on the H200 (BENCHMARKS.md)
 
 
 COVER_CYCLES = 2_000_000  # about 1 ms of GPU clock: longer than the host's staging of one step
@@ -152,7 +153,7 @@ def layer_floor_bytes(layer, cfg, seq_lens: list[int], routed_ids: torch.Tensor 
 
 
 def to_ms(nbytes_: int) -> float:
-    return nbytes_ / HBM_BYTES_PER_S * 1e3
+    return nbytes_ / (peak_tb_s() * 1e12) * 1e3
 
 
 class Seqs:
@@ -552,7 +553,7 @@ def main(argv: list[str] | None = None) -> dict:
         "load_format": args.load_format,
         "routed_experts": expert_quant or str(dtype).removeprefix("torch."),
         "moe_cuda_build": moe_build if expert_quant else None,
-        "bandwidth_bytes_per_s": HBM_BYTES_PER_S,
+        "bandwidth_bytes_per_s": peak_tb_s() * 1e12,
         "decode_steps": args.decode_steps,
         "warmup_steps": args.warmup_steps,
         "runs": runs,

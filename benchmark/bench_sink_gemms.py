@@ -32,10 +32,9 @@ sys.path[:0] = [str(ROOT), str(ROOT / "kernels")]
 
 from benchmark.bench_moe_nvfp4 import time_graph  # noqa: E402
 from benchmark.bench_one_batch import git_commit  # noqa: E402
+from benchmark.hbm_ceiling import peak_tb_s  # noqa: E402
 from sgl_inkling_kernels.moe_w4a16_cuda import sinks_blas  # noqa: E402
 from sgl_inkling_kernels.sink_gemv import sinks_gemv  # noqa: E402
-
-PEAK_TBS = 4.3
 
 
 def main() -> None:
@@ -89,7 +88,7 @@ def main() -> None:
             fn(xs[0], copies[0], gam, outs[name])
             ref = outs["bmm"][:, topk:].float().sum(1)
             err = ((outs[name][:, topk:].float().sum(1) - ref).norm() / ref.norm()).item()
-            row[name] = {"us": ms * 1e3, "tb_s": nbytes / ms / 1e9, "fraction_of_4.3": nbytes / ms / 1e9 / PEAK_TBS,
+            row[name] = {"us": ms * 1e3, "tb_s": nbytes / ms / 1e9, "fraction_of_peak": nbytes / ms / 1e9 / peak_tb_s(),
                          "rel_err_vs_bmm": err}  # fmt: skip
         rows.append(row)
         print(f"T={t:3d}  " + "  ".join(f"{n} {row[n]['us']:6.1f} us {row[n]['tb_s']:.2f} TB/s"

@@ -25,12 +25,12 @@ def run_key(kind: str, run: dict):
     return {"bench_one_batch": (run.get("batch_size"), run.get("mode")), "bench_peer": run.get("batch_size")}.get(kind)
 
 
-def load(paths: list[Path], include_cpu: bool) -> dict[tuple[str, str], dict]:
+def load(paths: list[Path], include_cpu: bool) -> dict[tuple[str, str, str], dict]:
     """One result per (benchmark, config): the newest file's, with the runs of older files added where
     the newest lacks that batch size (bench_one_batch and bench_peer run one batch size per file on
     the GPU). Serving runs are not mixed across files (their lengths may differ)."""
     files = [f for p in paths for f in (sorted(p.glob("*.json")) if p.is_dir() else [p])]
-    found: dict[tuple[str, str], list[dict]] = {}
+    found: dict[tuple[str, str, str], list[dict]] = {}
     for f in files:
         try:
             d = json.loads(f.read_text())
@@ -40,9 +40,10 @@ def load(paths: list[Path], include_cpu: bool) -> dict[tuple[str, str], dict]:
             continue
         if not include_cpu and not d.get("gpu"):
             continue
-        found.setdefault((d["benchmark"], config_of(d)), []).append(d)
+        # Cards are never mixed: an H100 run and an H200 run of one config are two tables.
+        found.setdefault((d["benchmark"], config_of(d), d.get("gpu") or ""), []).append(d)
     merged = {}
-    for (kind, cfg), ds in found.items():
+    for (kind, cfg, gpu), ds in found.items():
         ds.sort(key=lambda d: d.get("timestamp", ""))
         out = dict(ds[-1])
         if kind not in ("bench_serving", "bench_moe_nvfp4"):
@@ -54,7 +55,7 @@ def load(paths: list[Path], include_cpu: bool) -> dict[tuple[str, str], dict]:
             for key in ("mtp", "mtp_adaptive"):  # by batch size, newer files first
                 by_bs = {m["batch_size"]: m for d in ds for m in d.get(key) or []}
                 out[key] = [by_bs[b] for b in sorted(by_bs)]
-        merged[(kind, cfg)] = out
+        merged[(kind, cfg, gpu)] = out
     return merged
 
 
@@ -117,7 +118,8 @@ def decode_table(d: dict) -> str:
         ])  # fmt: skip
     header = ["mode", "batch", "prefill ms", "step ms (eager)", "step ms (CUDA graph)", "floor ms",
               "floor / best", "per layer floor / eager time", "tok/s/user @66 layers", "floor tok/s/user"]  # fmt: skip
-    return f"Decode latency, {d['config']} (source: {source(d)}):\n\n" + table(header, rows)
+    peak = d.get("bandwidth_bytes_per_s", 4.3e12) / 1e12  # benchmark/hbm_ceiling.py: the card's ceiling
+    return f"Decode latency, {d['config']}, floors at {peak:.2f} TB/s (source: {source(d)}):\n\n" + table(header, rows)
 
 
 def mtp_table(d: dict) -> str:
@@ -274,11 +276,11 @@ def moe_table(d: dict) -> str:
         u = used[0]
         rows.append([
             str(r["batch_size"]), f(r["distinct_experts_per_call"], ".1f"), f(r["bytes_routed_plus_sinks"] / 1e6, ".0f"),
-            f(u["ms"] * 1e3, ".1f"), f(u["tb_s"]), f(u["fraction_of_4.3"], ".0%"),
+            f(u["ms"] * 1e3, ".1f"), f(u["tb_s"]), f(u.get("fraction_of_peak", u.get("fraction_of_4.3")), ".0%"),
             f(u["tb_s"] / ceiling, ".0%") if ceiling else "-", f(u["routed_only_tb_s"]), f(u["sinks_only_tb_s"]),
             f(max(v["tb_s"] for v in ok)), f(gemv["tb_s"]) if gemv else "-",
         ])  # fmt: skip
-    header = ["batch", "experts hit", "MB", "us", "TB/s", "of 4.3", "of read ceiling", "routed alone TB/s",
+    header = ["batch", "experts hit", "MB", "us", "TB/s", "of peak", "of read ceiling", "routed alone TB/s",
               "sinks alone TB/s", "best variant TB/s", "GEMV path TB/s"]  # fmt: skip
     if build != DEFAULT:
         default = (f"the shipped build ({_changed_fields(build, DEFAULT, ran)}: where it differs from that run's "
@@ -287,13 +289,14 @@ def moe_table(d: dict) -> str:
         default = "the default build of that commit" if "default_build" not in d else "the default build"
         default += f" (row_ring={ran.get('row_ring')})"
     return (f"Fused NVFP4 MoE (routed W4A16 + BF16 sinks), {config_of(d)}, CUDA graphs, {default}; the sweep's "
-            f"fastest over its batch sizes: '{best}'; read ceiling = a batch-1 BF16 linear "
+            f"fastest over its batch sizes: '{best}'; peak = {f(d['config'].get('peak_tb_s', 4.3))} TB/s "
+            f"(benchmark/hbm_ceiling.py); read ceiling = a batch-1 BF16 linear "
             f"over 1 GiB, {f(ceiling)} TB/s in the same run. (source: {source(d)})\n\n" + table(header, rows))
 
 
-def render(results: dict[tuple[str, str], dict]) -> str:
+def render(results: dict[tuple[str, str, str], dict]) -> str:
     parts = []
-    for (kind, cfg), d in sorted(results.items()):
+    for (kind, cfg, gpu), d in sorted(results.items()):
         if kind == "bench_one_batch":
             parts.append(decode_table(d))
             if d.get("mtp"):
@@ -304,7 +307,7 @@ def render(results: dict[tuple[str, str], dict]) -> str:
             if adaptive:
                 parts.append(adaptive_table({**d, "mtp_adaptive": adaptive}))
         elif kind == "bench_peer":
-            parts.append(peer_table(results.get(("bench_one_batch", cfg)), d))
+            parts.append(peer_table(results.get(("bench_one_batch", cfg, gpu)), d))
         elif kind == "bench_moe_nvfp4":
             parts.append(moe_table(d))
         else:

@@ -144,11 +144,9 @@ def _moe_align_small_kernel(
 
 # Past SMALL_ALIGN_PAIRS and up to this many pairs (decode batches of 11 to 85 tokens at top-6) one
 # Triton program sorts them (_moe_align_sort_kernel) instead of a dozen torch launches, about 60 us a
-# layer at 64 tokens on the H200 (bb4af7a), 27 of them the radix sort.
+# layer at 64 tokens on the H200 (bb4af7a), 27 of them the radix sort. Router + align timed eagerly on
+# the H100 (switches_62faac1): 67 us against 141 at 64 tokens, 21 against 61 at 11.
 SORT_ALIGN_PAIRS = 512
-# Whether moe_align takes it on the GPU: off until it has compiled and been timed on the H200 (its tests
-# run it under the interpreter and, on a GPU, compiled: test_moe_align_sorted_equals_the_torch_path).
-SORTED_ALIGN = False
 
 
 @triton.jit
@@ -337,7 +335,7 @@ def one_program_align(n_pairs: int, num_experts: int):
         return None
     if n_pairs <= SMALL_ALIGN_PAIRS:
         return moe_align_small
-    if SORTED_ALIGN and n_pairs <= SORT_ALIGN_PAIRS and sort_keys_fit(num_experts):
+    if n_pairs <= SORT_ALIGN_PAIRS and sort_keys_fit(num_experts):
         return moe_align_sorted
     return None
 

@@ -185,16 +185,15 @@ def default_cuda_tiles(n_pairs: int, n_exp: int, tokens: int) -> CudaTiles:
     nt = 1 if mean <= 8 else 2 if mean <= 16 else 4 if mean <= 40 else 8
     one_launch = tokens <= BUILD.one_launch_max and not BUILD.sink_stream
     split = 0 if one_launch else BUILD.split_sinks
-    pair_rows = PAIR_ROW_TILES and nt == 1 and BUILD.row_ring and BUILD.lean and min(n_pairs, n_exp) >= ROW_TILE_PAIR_MIN_BLOCKS
+    pair_rows = nt == 1 and BUILD.row_ring and BUILD.lean and min(n_pairs, n_exp) >= ROW_TILE_PAIR_MIN_BLOCKS
     return replace(BUILD, nt=nt, split_sinks=split, row_tiles=2 if pair_rows else 1)
 
 
 # Routed blocks (about the distinct experts a batch hits) from which a CTA takes two row tiles: half the
-# CTAs, so a batch needs enough of them to fill the GPU's waves.
-ROW_TILE_PAIR_MIN_BLOCKS = 32
-# Whether default_cuda_tiles takes them at all: off until measured on the H200 (CudaTiles(row_tiles=2)
-# forces them, as the GPU tests and bench_moe_nvfp4 --tiles do).
-PAIR_ROW_TILES = False
+# CTAs, so a batch needs enough of them to fill the GPU's waves. Measured on the H100 (bench_moe_nvfp4,
+# switches_62faac1): 2 tiles take the fused MoE from 2388 to 2359 us at batch 64 (256 blocks) but from
+# 563 to 569 us at batch 8 (48 blocks), and 153 to 159 us at batch 1.
+ROW_TILE_PAIR_MIN_BLOCKS = 128
 
 
 def cuda_block_m(n_pairs: int, n_exp: int, tokens: int) -> int:

@@ -200,15 +200,9 @@ def test_moe_align_sorted_equals_the_torch_path(tokens, top_k, experts, block_m,
     assert torch.equal(pairs.cpu(), want_pairs)
 
 
-def test_moe_align_takes_one_program_up_to_sort_align_pairs(monkeypatch):
+def test_moe_align_takes_one_program_up_to_sort_align_pairs():
     """On the GPU moe_align aligns up to SMALL_ALIGN_PAIRS pairs with the [P, P] program, up to
-    SORT_ALIGN_PAIRS (decode batches to 85 tokens at top-6) with the sort where SORTED_ALIGN, and past it
-    in torch."""
-    from sgl_inkling_kernels import fused_moe as fm
-
-    if not fm.SORTED_ALIGN:
-        assert one_program_align(100, 256) is None
-        monkeypatch.setattr(fm, "SORTED_ALIGN", True)
+    SORT_ALIGN_PAIRS (decode batches to 85 tokens at top-6) with the sort, and past it in torch."""
     assert SMALL_ALIGN_PAIRS == 64 and SORT_ALIGN_PAIRS == 512
     assert one_program_align(0, 256) is None
     assert all(one_program_align(n, 256) is moe_align_small for n in (1, 6, SMALL_ALIGN_PAIRS))

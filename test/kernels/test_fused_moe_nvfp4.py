@@ -494,17 +494,13 @@ def test_blas_sinks_match_a_brute_force():
     assert out[:, :k].isnan().all()  # routed slots are not its business
 
 
-def test_default_cuda_tiles_pair_row_tiles_where_the_blocks_fill_the_gpu(monkeypatch):
+def test_default_cuda_tiles_pair_row_tiles_where_the_blocks_fill_the_gpu():
     """Two row tiles a CTA (half the CTAs) once a batch hits ROW_TILE_PAIR_MIN_BLOCKS experts or more, with
-    one column tile and the lean row ring (where PAIR_ROW_TILES); the build (library) stays the same; tiles
+    one column tile and the lean row ring; the build (library) stays the same; tiles
     that cannot take them are refused, and scales off 8-byte rows (the chunk ring) fall back to one."""
     from dataclasses import replace
 
     from sgl_inkling_kernels import moe_w4a16_cuda as m
-
-    if not m.PAIR_ROW_TILES:
-        assert m.default_cuda_tiles(64 * 6, 256, 64).row_tiles == 1
-        monkeypatch.setattr(m, "PAIR_ROW_TILES", True)
 
     lo = m.ROW_TILE_PAIR_MIN_BLOCKS
     for t in (1, 2, 4, 8, 16, 32, 64):
@@ -513,6 +509,7 @@ def test_default_cuda_tiles_pair_row_tiles_where_the_blocks_fill_the_gpu(monkeyp
             assert tiles.row_tiles == (2 if tiles.nt == 1 and min(t * 6, e) >= lo else 1), (t, e)
     assert m.default_cuda_tiles(64 * 6, 256, 64).row_tiles == 2  # inkling's batch 64
     assert m.default_cuda_tiles(6, 256, 1).row_tiles == 1  # batch 1: 6 blocks
+    assert m.default_cuda_tiles(8 * 6, 256, 8).row_tiles == 1  # batch 8: 48 blocks, slower with pairs
     assert len({m.default_cuda_tiles(t * 6, 256, t).defines() for t in (1, 64)}) == 1
     shipped = m.BUILD
     try:

@@ -134,7 +134,7 @@ def test_serving_with_and_without_mixed_chunk_are_two_tables_with_back_to_back(t
 def _moe_doc(default_build: dict, variants: list[tuple[dict, float]]) -> dict:
     """A bench_moe_nvfp4 file of one batch size: the default dispatch at 1.0 ms beside CUDA variants."""
     def row(tiles, ms):
-        return {"tiles": tiles, "ms": ms, "tb_s": 0.4 / ms, "fraction_of_4.3": 0.4 / ms / 4.3,
+        return {"tiles": tiles, "ms": ms, "tb_s": 0.4 / ms, "fraction_of_peak": 0.4 / ms / 4.3,
                 "routed_only_tb_s": 0.2 / ms, "sinks_only_tb_s": 0.2 / ms}
     return {"benchmark": "bench_moe_nvfp4", "gpu": "H200", "git_commit": "abc", "timestamp": "t",
             "config": {"hidden": 8, "inter": 4, "experts": 2, "top_k": 1, "sinks": 1}, "bf16_linear_read_tb_s": 4.0,
@@ -158,3 +158,18 @@ def test_moe_table_shows_the_shipped_build_where_the_run_timed_it_as_a_variant()
     # an older default, but the shipped build was not among the variants: the default dispatch row
     got = moe_table(_moe_doc(older, [(other, 0.9)]))
     assert "| 1 | 1.0 | 400 | 1000.0 |" in got
+
+
+def test_runs_on_two_cards_are_two_tables_each_with_its_ceiling(tmp_path):
+    """An H100 run never fills batch sizes into (or replaces) the H200's table of one config: each card
+    has its table, its floors quoted at the ceiling that run used (benchmark/hbm_ceiling.py)."""
+    h200 = one_batch(1, 8.0, 2.0, "2026-01-01T00:00:00") | {"bandwidth_bytes_per_s": 4.3e12}
+    h100 = one_batch(64, 20.0, 16.0, "2026-01-02T00:00:00") | {"gpu": "H100", "bandwidth_bytes_per_s": 3.0e12}
+    for name, d in (("h200.json", h200), ("h100.json", h100)):
+        (tmp_path / name).write_text(json.dumps(d))
+    tables = results_table.render(results_table.load([tmp_path], include_cpu=False)).split("Decode latency")[1:]
+    assert len(tables) == 2
+    by_card = {("H100" if "H100, commit" in t else "H200"): t for t in tables}
+    assert "floors at 3.00 TB/s" in by_card["H100"] and "| kernels | 64 |" in by_card["H100"]
+    assert "| kernels | 1 |" not in by_card["H100"]
+    assert "floors at 4.30 TB/s" in by_card["H200"] and "| kernels | 64 |" not in by_card["H200"]

@@ -38,11 +38,6 @@ FUSED_ROUTER_MAX_TOKENS = 16
 ALIGNED_ROUTER_MAX_TOKENS = 1
 
 
-# NVFP4 experts on the CUDA decode kernels: the sinks' gate/up launched before the router
-# (fused_moe_nvfp4.sinks_ahead_nvfp4). Off until measured on the H200.
-SINKS_AHEAD = False
-
-
 def swiglu_interleaved(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor) -> torch.Tensor:
     gu = linear(x, w13).unflatten(-1, (-1, 2))
     return linear(F.silu(gu[..., 0]) * gu[..., 1], w2)
@@ -253,7 +248,7 @@ class MoE(nn.Module):
             g, e, s = self.gate, self.experts, self.shared_experts
             align = None  # the experts' pair layout, where the router makes it
             sinks_ahead = None
-            if e.nvfp4 and SINKS_AHEAD:  # the sinks' gate/up needs no routing: on the side stream while routing
+            if e.nvfp4:  # the sinks' gate/up needs no routing: on the side stream while routing
                 from sgl_inkling_kernels.fused_moe_nvfp4 import sinks_ahead_nvfp4
 
                 sinks_ahead = sinks_ahead_nvfp4(x, e.w13_weight, s.shared_w13_weight, g.top_k, e.code_layout)
