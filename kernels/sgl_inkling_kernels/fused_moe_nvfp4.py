@@ -29,10 +29,11 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from sgl_inkling_kernels._triton import dot_mode, interpreting, mm, next_pow2, require_triton, tl, triton
+from sgl_inkling_kernels._triton import dot_mode, interpreting, mm, require_triton, tl, triton
 from sgl_inkling_kernels.fused_moe import Alignment, chunk_cap, default_block_m, moe_align, over_token_chunks
 from sgl_inkling_kernels.moe_launch import launch_up_down
 from sgl_inkling_kernels.moe_nvfp4_gemv import INTERPRETER_GEMV_TILES, GemvTiles, moe_nvfp4_gemv
+from sgl_inkling_kernels.moe_slots import UnsummedSlots, sum_slots
 from sgl_inkling_kernels.moe_w4a16_cuda import (
     CudaTiles,
     SinksAhead,
@@ -152,23 +153,6 @@ def _down_kernel(
     tl.store(out_ptr, acc * gate[:, None], mask=valid[:, None] & n_ok[None, :])
 
 
-@triton.jit
-def _sum_slots_kernel(Out, Ids, Y, s_ot, s_os, s_yt, H, num_experts,
-                      TOPK: tl.constexpr, SLOTS: tl.constexpr, BLOCK: tl.constexpr):  # fmt: skip
-    """y[t] = sum of the slots of token t, leaving out routed slots of foreign experts (never written)."""
-    t = tl.program_id(0)
-    offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    ok = offs < H
-    acc = tl.zeros([BLOCK], tl.float32)
-    for k in tl.static_range(SLOTS):
-        if k < TOPK:
-            m = ok & (tl.load(Ids + t * TOPK + k + 0 * offs) < num_experts)
-        else:
-            m = ok
-        acc += tl.load(Out + t * s_ot + k * s_os + offs, mask=m, other=0.0)
-    tl.store(Y + t * s_yt + offs, acc.to(Y.dtype.element_ty), mask=ok)
-
-
 @dataclass(frozen=True)
 class Tiles:
     """Launch shapes. up_n: intermediate columns per gate/up program (it reads 2 * up_n weight rows);
@@ -250,7 +234,8 @@ def fused_moe_nvfp4(
     layout: str = "checkpoint",  # of the codes: "mma" (nvfp4_layout.to_mma_layout) for the CUDA decode kernels
     alignment: Alignment | None = None,  # the router's moe_align of ids, used if for this path's block_m
     sinks_ahead: SinksAhead | None = None,  # the sinks' gate/up launched before routing (sinks_ahead_nvfp4)
-) -> torch.Tensor:
+    defer_sum: bool = False,  # return the slots (UnsummedSlots) for the next launch to sum, where not chunked
+) -> torch.Tensor | UnsummedSlots:
     """fused_moe(x, dequantize_nvfp4(w13..), dequantize_nvfp4(w2..), ids, weights, sinks...) without
     ever materialising the dequantized experts; [T, H] in x's dtype, summed in fp32.
 
@@ -314,12 +299,8 @@ def fused_moe_nvfp4(
         pairs, block_expert = moe_align(ids, n_exp, block_m, alignment)
         _mma(x, w13, s13, w13_scale2, w2, s2, w2_scale2, pairs, block_expert, weights, shared_w13, shared_w2, gam,
              act, out, tiles, block_m, use_asm, mma_layout=mma_layout)  # fmt: skip
-    y = torch.empty_like(x)
-    block = min(next_pow2(h), 64 if interpreting() else 1024)
-    _sum_slots_kernel[(t, triton.cdiv(h, block))](
-        out, ids, y, out.stride(0), out.stride(1), y.stride(0), h, n_exp, TOPK=k, SLOTS=k + n_shared, BLOCK=block
-    )  # fmt: skip
-    return y
+    slots = UnsummedSlots(out, ids, n_exp, x.dtype)
+    return slots if defer_sum else sum_slots(slots)
 
 
 def _cuda_decode_tiles(x: torch.Tensor, w13: torch.Tensor, top_k: int, mma_layout: bool) -> CudaTiles | None:

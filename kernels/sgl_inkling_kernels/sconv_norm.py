@@ -23,16 +23,20 @@ from __future__ import annotations
 import torch
 
 from sgl_inkling_kernels._triton import interpreting, next_pow2, require_triton, tl, triton
+from sgl_inkling_kernels.moe_slots import UnsummedSlots, slot_sum
 from sgl_inkling_kernels.rmsnorm import fused_add_rmsnorm_ref
 from sgl_inkling_kernels.sconv import sconv_ref
 
 
 @triton.jit
 def _sconv_add_kernel(
-    X, ConvW, State, Rows, Res, Summed, SumSq,
-    stride_xb, stride_ss, stride_sk, stride_rb, stride_sb, C,
+    X, ConvW, State, Rows, Res, Summed, SumSq, Ids,
+    stride_xb, stride_ss, stride_sk, stride_rb, stride_sb, stride_xs, C, num_experts,
     HAS_NORM: tl.constexpr, K: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_C: tl.constexpr,
+    TOPK: tl.constexpr, SLOTS: tl.constexpr,
 ):  # fmt: skip
+    """SLOTS > 0: X is a MoE's slots [B, SLOTS, C] (moe_slots.UnsummedSlots, routed ids in Ids), summed
+    here and rounded to the output dtype, as sum_slots would have stored them."""
     b = tl.program_id(0)
     blk = tl.program_id(1)
     row = tl.load(Rows + b)
@@ -45,7 +49,11 @@ def _sconv_add_kernel(
     hist = tl.load(st_ptr, mask=m, other=0.0)
     w_hist = tl.load(ConvW + offs_c[None, :] * K + offs_k[:, None], mask=m, other=0.0)
     w_last = tl.load(ConvW + offs_c * K + (K - 1), mask=c_ok, other=0.0)
-    x = tl.load(X + b * stride_xb + offs_c, mask=c_ok, other=0.0)
+    if SLOTS > 0:
+        x = slot_sum(X, Ids, b, offs_c, c_ok, stride_xb, stride_xs, num_experts, TOPK, SLOTS)
+        x = x.to(Summed.dtype.element_ty)
+    else:
+        x = tl.load(X + b * stride_xb + offs_c, mask=c_ok, other=0.0)
     xf = x.to(tl.float32)
     y = (xf + (tl.sum(hist * w_hist, 0) + xf * w_last)).to(x.dtype)
     res = tl.load(Res + b * stride_rb + offs_c, mask=c_ok, other=0.0)
@@ -88,6 +96,9 @@ def block_c() -> int:
 
 def _launch(x, conv_w, state, rows, residual, norm_w, eps):
     require_triton()
+    slots = x if isinstance(x, UnsummedSlots) else None
+    if slots is not None and slots.dtype != residual.dtype:
+        raise ValueError(f"sconv_add: slots summed to {slots.dtype}, residual {residual.dtype}")
     bsz, c = x.shape
     k = conv_w.shape[-1]
     if conv_w.shape != (c, 1, k) or state.shape[1:] != (k - 1, c) or residual.shape != x.shape:
@@ -97,7 +108,8 @@ def _launch(x, conv_w, state, rows, residual, norm_w, eps):
         )
     if state.stride(-1) != 1 or not conv_w.is_contiguous() or state.dtype != torch.float32:
         raise ValueError("sconv_add: conv weight must be contiguous fp32 and state rows contiguous")
-    x = x if x.stride(-1) == 1 else x.contiguous()
+    if slots is None:
+        x = x if x.stride(-1) == 1 else x.contiguous()
     residual = residual if residual.stride(-1) == 1 else residual.contiguous()
     summed = torch.empty_like(residual)
     normed = None
@@ -109,10 +121,13 @@ def _launch(x, conv_w, state, rows, residual, norm_w, eps):
         sumsq = summed  # a stand-in pointer: without a norm the kernel never touches it
         if normed is not None:
             sumsq = torch.empty((bsz, n_blocks), dtype=torch.float32, device=x.device)
+        xs, ids = (slots.out, slots.ids) if slots is not None else (x, rows)  # rows: a stand-in pointer
         _sconv_add_kernel[(bsz, n_blocks)](
-            x, conv_w, state, rows, residual, summed, sumsq,
-            x.stride(0), state.stride(0), state.stride(1), residual.stride(0), summed.stride(0), c,
+            xs, conv_w, state, rows, residual, summed, sumsq, ids,
+            xs.stride(0), state.stride(0), state.stride(1), residual.stride(0), summed.stride(0),
+            xs.stride(1) if slots is not None else 0, c, slots.num_experts if slots is not None else 0,
             HAS_NORM=normed is not None, K=k, BLOCK_K=next_pow2(k - 1), BLOCK_C=bc, num_warps=4,
+            TOPK=ids.shape[1] if slots is not None else 0, SLOTS=xs.shape[1] if slots is not None else 0,
         )  # fmt: skip
         if normed is not None:
             _rmsnorm_blocks_kernel[(bsz, n_blocks)](
@@ -136,9 +151,10 @@ def sconv_add_rmsnorm_decode(
 
 
 def sconv_add_decode(
-    x: torch.Tensor, conv_w: torch.Tensor, state: torch.Tensor, rows: torch.Tensor, residual: torch.Tensor
+    x: torch.Tensor | UnsummedSlots, conv_w: torch.Tensor, state: torch.Tensor, rows: torch.Tensor,
+    residual: torch.Tensor,
 ) -> torch.Tensor:
-    """residual + sconv(x), no norm."""
+    """residual + sconv(x), no norm; x may be a MoE's unsummed slots (summed in this launch)."""
     return _launch(x, conv_w, state, rows, residual, None, 0.0)[1]
 
 

@@ -103,3 +103,42 @@ def test_empty_batch():
     assert normed.shape == summed.shape == (0, c)
     assert sconv_add_decode(x, conv, state, rows, x).shape == (0, c)
     assert torch.equal(state, before)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_moe_slots_summed_in_the_conv_launch(dtype):
+    """A MoE's unsummed slots (moe_slots.UnsummedSlots: top-6 routed + 2 sink slots, some routed to a
+    foreign expert whose rows hold garbage) go into the FFN output conv, which sums them: the same bits as
+    summing them first (sum_slots) and conv'ing the rows, and within rounding of a torch sum written here
+    (the live slots in fp32, rounded to the dtype) through the short-conv reference."""
+    from sgl_inkling_kernels.moe_slots import UnsummedSlots, sum_slots
+
+    c, bsz, k, n_sink, n_exp = max(CHANNELS), 4, 6, 2, 256
+    g = torch.Generator().manual_seed(11)
+    out = torch.randn(bsz, k + n_sink, c, generator=g).to(DEVICE)
+    ids = torch.randint(0, n_exp, (bsz, k), generator=g)
+    ids[0, 2] = ids[3, 0] = ids[3, 5] = n_exp  # foreign: never written by the experts' kernels
+    out[0, 2] = out[3, 0] = out[3, 5] = float("nan")
+    ids = ids.to(DEVICE)
+    slots = UnsummedSlots(out, ids, n_exp, dtype)
+    conv = (0.3 * torch.randn(c, 1, 4, generator=g)).to(DEVICE)
+    state = torch.randn(6, 3, c, generator=g).to(DEVICE)
+    rows = torch.tensor([4, 0, 3, 5], device=DEVICE)
+    res = torch.randn(bsz, c, generator=g).to(DEVICE, dtype)
+
+    live = torch.cat([ids < n_exp, torch.ones(bsz, n_sink, dtype=torch.bool, device=DEVICE)], 1)
+    summed_rows = torch.where(live[..., None], out, 0.0).sum(1).to(dtype)
+    ref_state = state.clone()
+    _, want = sconv_add_rmsnorm_decode_ref(summed_rows, conv, ref_state, rows, res, None, 1e-6)
+
+    first_state = state.clone()
+    rows_first = sum_slots(slots)
+    torch.testing.assert_close(rows_first.float(), summed_rows.float(), atol=TOL[dtype], rtol=TOL[dtype])
+    first = sconv_add_decode(rows_first, conv, first_state, rows, res)
+    got = sconv_add_decode(slots, conv, state, rows, res)
+    assert torch.equal(got, first) and torch.equal(state, first_state)
+    assert not got.isnan().any()
+    torch.testing.assert_close(got.float(), want.float(), atol=TOL[dtype], rtol=TOL[dtype])
+    torch.testing.assert_close(state, ref_state, atol=TOL[dtype], rtol=TOL[dtype])
+    with pytest.raises(ValueError, match="slots summed to"):
+        sconv_add_decode(UnsummedSlots(out, ids, n_exp, torch.float16), conv, state, rows, res)

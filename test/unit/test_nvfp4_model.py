@@ -111,6 +111,26 @@ def test_kernel_moe_of_one_token_matches_the_torch_path(paths):
         assert rel_err(got, want) <= 1e-5, layout
 
 
+def test_kernel_moe_leaves_its_slots_for_the_next_launch_when_asked(paths):
+    """MoE(x, defer_slot_sum=True) on the kernel path returns the per-slot outputs (the FFN output conv
+    sums them in its launch at decode): summed, the same bits as the MoE's own output, and within 1e-5
+    of the torch path's, which returns rows either way."""
+    from sgl_inkling.models.inkling.moe import MoE
+    from sgl_inkling_kernels._triton import kernel_dispatch
+    from sgl_inkling_kernels.moe_slots import UnsummedSlots, sum_slots
+
+    model = load_model(paths[0], torch.float32, "cpu", progress=False)
+    moe = next(m for m in model.modules() if isinstance(m, MoE) and m.experts.nvfp4)
+    x = torch.randn(3, model.cfg.hidden_size, generator=torch.Generator().manual_seed(6))
+    with torch.no_grad(), kernel_dispatch(True):
+        slots, rows = moe(x, defer_slot_sum=True), moe(x)
+    assert isinstance(slots, UnsummedSlots) and slots.out.shape[1] == moe.gate.top_k + model.cfg.n_shared_experts
+    assert torch.equal(sum_slots(slots), rows)
+    with torch.no_grad(), kernel_dispatch(False):
+        want = moe(x, defer_slot_sum=True)
+    assert isinstance(want, torch.Tensor) and rel_err(rows, want) <= 1e-5
+
+
 @pytest.fixture(scope="module")
 def greedy(models):
     return tuple(greedy_batch(m) for m in models)

@@ -66,9 +66,9 @@ class DecoderLayer(nn.Module):
                 self.mlp_norm.weight,
                 self.mlp_norm.eps,
             )
-            return sconv_add_decode(
-                self.mlp(m_in), self.mlp_sconv.weight, pool.state(lid, SCONV_MLP), rows, h
-            )
+            # A MoE's slots are summed in the conv's launch (one launch fewer a layer).
+            m = self.mlp(m_in, defer_slot_sum=True) if isinstance(self.mlp, MoE) else self.mlp(m_in)
+            return sconv_add_decode(m, self.mlp_sconv.weight, pool.state(lid, SCONV_MLP), rows, h)
         a = all_gather_hidden(self.attn_sconv(reduce_scatter_hidden(a), batch))
         if use_triton(h):
             m_in, h = fused_add_rmsnorm(a, h, self.mlp_norm.weight, self.mlp_norm.eps)

@@ -22,6 +22,7 @@ from sgl_inkling.models.inkling.config import InklingTextConfig
 from sgl_inkling.models.inkling.quant_config import NVFP4
 from sgl_inkling_kernels._triton import fused_decode, use_triton
 from sgl_inkling_kernels.fused_moe import SMALL_ALIGN_PAIRS, default_block_m, fused_moe
+from sgl_inkling_kernels.moe_slots import UnsummedSlots
 from sgl_inkling_kernels.nvfp4 import BLOCK, dequantize_nvfp4
 from sgl_inkling_kernels.nvfp4_layout import to_checkpoint_layout, to_mma_layout
 from sgl_inkling_kernels.router import route, route_decode, route_decode_aligned
@@ -243,7 +244,9 @@ class MoE(nn.Module):
             return cuda_block_m(n_pairs, e.num_local, t)
         return None
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, defer_slot_sum: bool = False) -> torch.Tensor | UnsummedSlots:
+        """defer_slot_sum: NVFP4 experts may return their per-slot outputs (moe_slots.UnsummedSlots) for
+        the launch that reads this output next to sum (sconv_add_decode); other paths return rows."""
         if use_triton(x):  # fused routing and one grouped GEMM over routed + shared experts
             g, e, s = self.gate, self.experts, self.shared_experts
             align = None  # the experts' pair layout, where the router makes it
@@ -272,7 +275,7 @@ class MoE(nn.Module):
                     x, e.w13_weight, e.w13_weight_scale, e.w13_weight_scale2,
                     e.w2_weight, e.w2_weight_scale, e.w2_weight_scale2, e.local_ids(ids), w,
                     s.shared_w13_weight, s.shared_w2_weight, gam, foreign_ids=foreign, layout=e.code_layout,
-                    alignment=align, sinks_ahead=sinks_ahead,
+                    alignment=align, sinks_ahead=sinks_ahead, defer_sum=defer_slot_sum,
                 )  # fmt: skip
             return fused_moe(
                 x, e.w13_weight, e.w2_weight, e.local_ids(ids), w, s.shared_w13_weight, s.shared_w2_weight, gam,
