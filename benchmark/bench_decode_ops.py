@@ -38,6 +38,7 @@ from sgl_inkling_kernels.fused_moe import (  # noqa: E402
     align_blocks,
     moe_align,
 )
+from sgl_inkling_kernels.moe_slots import UnsummedSlots, sum_slots  # noqa: E402
 from sgl_inkling_kernels.moe_w4a16_cuda import cuda_block_m  # noqa: E402
 from sgl_inkling_kernels.qkvr_epilogue import qkvr_decode_epilogue  # noqa: E402
 from sgl_inkling_kernels.rmsnorm import fused_add_rmsnorm, rmsnorm  # noqa: E402
@@ -104,6 +105,30 @@ def conv_norm_case(bsz: int, calls: int, norm: bool):
             d["h"] + y
 
     moved = bsz * H * 2 * (3 + norm) + bsz * 3 * H * 4 * 2 + H * 4 * 4 + norm * H * 2
+    return fused, unfused, moved
+
+
+def conv_slots_case(bsz: int, calls: int):
+    """The FFN output conv + residual add reading the NVFP4 MoE's unsummed slots (fused: summed in the
+    conv's launch, as the model does up to SLOT_SUM_IN_CONV_MAX_TOKENS tokens) against sum_slots' own
+    launch and the conv (unfused); one routed slot in 6 foreign."""
+    n_slots = TOPK + S
+    ids = torch.randint(0, E, (bsz, TOPK), device="cuda")
+    ids[:, 0] = torch.where(torch.arange(bsz, device="cuda") % 6 == 0, E, ids[:, 0])
+    sets = [dict(s=UnsummedSlots(rnd(bsz, n_slots, H, dtype=torch.float32), ids, E, BF), h=rnd(bsz, H),
+                 st=rnd(bsz, 3, H, dtype=torch.float32)) for _ in range(calls)]  # fmt: skip
+    conv = rnd(H, 1, 4, dtype=torch.float32, scale=0.1)
+    idx = torch.arange(bsz, device="cuda")
+
+    def fused(c):
+        d = sets[c]
+        sconv_add_decode(d["s"], conv, d["st"], idx, d["h"])
+
+    def unfused(c):
+        d = sets[c]
+        sconv_add_decode(sum_slots(d["s"]), conv, d["st"], idx, d["h"])
+
+    moved = bsz * n_slots * H * 4 + bsz * H * 2 * 2 + bsz * 3 * H * 4 * 2 + H * 4 * 4
     return fused, unfused, moved
 
 
@@ -197,6 +222,7 @@ def main() -> None:
             "qkvr_sliding": partial(qkvr_case, bsz, 16, args.calls),
             "attn_conv_add_norm": partial(conv_norm_case, bsz, args.calls, norm=True),
             "ffn_conv_add": partial(conv_norm_case, bsz, args.calls, norm=False),
+            "ffn_conv_add_slots": partial(conv_slots_case, bsz, args.calls),
             "router": partial(router_case, bsz, args.calls),
             "router_align": partial(router_align_case, bsz, args.calls),
             "attention_full_8k": partial(attention_case, bsz, 2, 8192, 8, None),
