@@ -19,10 +19,19 @@ def _qkvr(dt, to_cache):
     return ("qkvr_epilogue", "_qkvr_epilogue_kernel", ptr, consts, ("eps",), 1)
 
 
-def _conv_norm(dt, norm):
+def _conv_norm(dt, norm, slots=0):
+    # slots > 0: X is a MoE's unsummed fp32 slots (6 routed + 2 sinks), summed in the conv's launch.
     ptr = {n: f"*{dt}" for n in ("X", "Res", "Summed")}
-    ptr.update(ConvW="*fp32", State="*fp32", Rows="*i64", SumSq="*fp32" if norm else f"*{dt}")
-    return ("sconv_norm", "_sconv_add_kernel", ptr, dict(HAS_NORM=norm, K=4, BLOCK_K=4, BLOCK_C=256), (), 4)
+    ptr.update(ConvW="*fp32", State="*fp32", Rows="*i64", SumSq="*fp32" if norm else f"*{dt}", Ids="*i64")
+    if slots:
+        ptr["X"] = "*fp32"
+    consts = dict(HAS_NORM=norm, K=4, BLOCK_K=4, BLOCK_C=256, TOPK=6, SLOTS=slots)
+    return ("sconv_norm", "_sconv_add_kernel", ptr, consts, (), 4)
+
+
+def _sum_slots(dt):
+    ptr = {"Out": "*fp32", "Ids": "*i64", "Y": f"*{dt}"}
+    return ("moe_slots", "_sum_slots_kernel", ptr, dict(TOPK=6, SLOTS=8, BLOCK=1024), (), 4)
 
 
 def _conv_rmsnorm(dt):
@@ -77,7 +86,8 @@ def _merge():
 
 CASES = (
     [_qkvr(dt, c) for dt in ("bf16", "fp32") for c in (False, True)]
-    + [_conv_norm(dt, n) for dt in ("bf16", "fp32") for n in (False, True)]
+    + [_conv_norm(dt, n, slots) for dt in ("bf16", "fp32") for n in (False, True) for slots in (0, 8)]
+    + [_sum_slots(dt) for dt in ("bf16", "fp32")]
     + [_conv_rmsnorm(dt) for dt in ("bf16", "fp32")]
     + [_router(dt, aligned) for dt in ("bf16", "fp32") for aligned in (False, True)]
     + [_align_small(), _align_sorted()]
@@ -104,7 +114,7 @@ def compile_case(module, name, pointers, constexprs, floats, num_warps):
 def main() -> int:
     failed = 0
     for case in CASES:
-        label = f"{case[1]} {case[2].get('X', case[2].get('Weights', ''))} {case[3]}"
+        label = f"{case[1]} {' '.join(sorted(set(case[2].values())))} {case[3]}"
         try:
             compile_case(*case)
             print("ok", label)
