@@ -9,7 +9,9 @@ ceiling (benchmark/hbm_ceiling.py: 4.3 TB/s on the H200).
 Ops: q/k/v/r projection with its convs, norms and KV cache store (full and sliding layers), attention-output conv +
 residual + norm, FFN-output conv + residual, router (fp32 GEMM + top-k + sink weights), router_align (the router
 and the experts' pair layout, router_align_case), and decode
-attention at 8K and 128K contexts (full layer) and the 512 window (sliding). Each call of a graph
+attention at 8K and 128K contexts (full layer) and the 512 window (sliding). "two_launch" (attention,
+attention-output conv + norm): the same kernels with the merge / the norm in a second launch, as before
+the last program of a group did it (`arrivals`). Each call of a graph
 gets its own inputs (weights too where they fit the 50 MB L2 many times over), so nothing is
 served from the L2 that a real step would stream. Timed with `bench_moe_nvfp4.time_graph`.
 """
@@ -104,8 +106,12 @@ def conv_norm_case(bsz: int, calls: int, norm: bool):
         else:
             d["h"] + y
 
+    def two_launch(c):  # the norm in its own launch (before the last program did it)
+        d = sets[c]
+        sconv_add_rmsnorm_decode(d["a"], conv, d["st"], idx, d["h"], nw, 1e-6, fused_norm=False)
+
     moved = bsz * H * 2 * (3 + norm) + bsz * 3 * H * 4 * 2 + H * 4 * 4 + norm * H * 2
-    return fused, unfused, moved
+    return fused, unfused, moved, two_launch if norm else None
 
 
 def conv_slots_case(bsz: int, calls: int):
@@ -194,13 +200,15 @@ def attention_case(bsz: int, calls: int, ctx: int, nkv: int, window: int | None,
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     splits = default_num_splits(bsz, nkv, window or ctx, block_n, sms, coverage)
 
-    def fused(c):
+    def run(c, merge_in_kernel=True):
         d = sets[c]
         decode_attention(d["q"], k_buf, v_buf, table, rows, pos, d["rel"], rel_table, None, 1 / HD, window,
-                         num_splits=splits, block_n=block_n, num_warps=warps, num_stages=stages)  # fmt: skip
+                         num_splits=splits, block_n=block_n, num_warps=warps, num_stages=stages,
+                         merge_in_kernel=merge_in_kernel)  # fmt: skip
 
     keys = min(ctx, window or ctx)
-    return fused, None, bsz * keys * nkv * HD * 2 * 2 + bsz * NH * (HD + DREL) * 2 * 2
+    moved = bsz * keys * nkv * HD * 2 * 2 + bsz * NH * (HD + DREL) * 2 * 2
+    return run, None, moved, partial(run, merge_in_kernel=False)  # two launches: the merge its own
 
 
 def main() -> None:
@@ -241,18 +249,19 @@ def main() -> None:
         for name, case in cases.items():
             if args.ops and name not in args.ops:
                 continue
-            fused, unfused, moved = case()
+            fused, unfused, moved, *two_launch = case()  # two_launch: the fused op before arrivals
             calls = args.calls if name[:9] != "attention" else 2
             floor_us = moved / (peak_tb_s() * 1e12) * 1e6
             row = {"batch_size": bsz, "op": name, "bytes": moved, "floor_us": floor_us}
-            for label, fn in (("fused", fused), ("unfused", unfused)):
+            for label, fn in (("fused", fused), ("unfused", unfused), ("two_launch", (two_launch or [None])[0])):
                 if fn is not None:
                     us = time_graph(fn, calls, args.replays) * 1e3
                     row[f"{label}_us"], row[f"{label}_floor_fraction"] = us, floor_us / us
             results.append(row)
             print(f"bs {bsz:3d} {name:24s} floor {floor_us:7.2f} us  fused {row['fused_us']:7.2f} us "
                   f"({row['fused_floor_fraction']:5.1%})" + (f"  unfused {row['unfused_us']:7.2f} us "
-                  f"({row['unfused_floor_fraction']:5.1%})" if "unfused_us" in row else ""))  # fmt: skip
+                  f"({row['unfused_floor_fraction']:5.1%})" if "unfused_us" in row else "")
+                  + (f"  two launches {row['two_launch_us']:7.2f} us" if "two_launch_us" in row else ""))  # fmt: skip
     import triton
 
     commit, dirty = git_commit()

@@ -223,11 +223,8 @@ def graph_layers_ms(runner: ModelRunner, static: ForwardBatch, steps: int) -> fl
     h0 = torch.randn(static.input_ids.shape[0], runner.model.cfg.hidden_size, device=runner.device,
                      dtype=runner.dtype)  # fmt: skip
 
-    def layers():
-        h = h0
-        for layer in llm.layers:
-            h = layer(h, static)
-        return h
+    def layers():  # as the model runs them (each layer's last launch normalises for the next)
+        return llm.run_layers(h0, static)
 
     layers()
     graph = torch.cuda.CUDAGraph()

@@ -5,10 +5,12 @@ the relative bias computed in the kernel from r [heads, d_rel] and the layer's t
 (only the table columns a key block needs are read; no [T, heads, E] tensor exists), the
 sliding window and log scaling (tau scales the bias; q arrives already scaled).
 
-Two launches, both with grids fixed by shapes so the pair can be captured in a CUDA graph and
-never asks the host for sequence lengths: stage 1 gives each (sequence, KV head, split) program
-one contiguous share of the visible keys (flash-decoding, so batch 1 still fills the GPU) and
-writes a normalised partial output with its log-sum-exp; stage 2 merges the splits.
+Grids fixed by shapes, so the kernels can be captured in a CUDA graph and never ask the host for
+sequence lengths: each (sequence, KV head, split) program takes one contiguous share of the visible
+keys (flash-decoding, so batch 1 still fills the GPU) and writes a normalised partial output with
+its log-sum-exp; the splits are then merged. By default the last split program of each (sequence,
+KV head) to finish merges its group's heads itself (`arrivals`: one launch, not two, which a
+latency-bound batch-1 step feels); `merge_in_kernel=False` runs the merge as its own launch.
 Reference: `attention_ref.paged_attention_ref` (decode = one new token, prefix = its position).
 """
 
@@ -17,6 +19,7 @@ from __future__ import annotations
 import torch
 
 from sgl_inkling_kernels._triton import dot_mode, interpreting, mm, next_pow2, require_triton, tl, triton
+from sgl_inkling_kernels.arrivals import REGION_ATTENTION, REGION_SIZE, arrive, counters
 from sgl_inkling_kernels.attention_ref import paged_attention_ref
 
 
@@ -26,13 +29,14 @@ from sgl_inkling_kernels.attention_ref import paged_attention_ref
 # keep D's divisibility for vector stores) and `heads` fixed by the model.
 @triton.jit(do_not_specialize=["num_splits"])
 def _decode_split_kernel(
-    Q, K, V, ReqToTok, ReqIdx, Pos, Rel, Table, Tau, PartO, PartLse,
+    Q, K, V, ReqToTok, ReqIdx, Pos, Rel, Table, Tau, PartO, PartLse, Counters, Out,
     stride_qb, stride_qh, stride_ks, stride_kh, stride_vs, stride_vh, stride_rt,
-    stride_relb, stride_relh, stride_tab, heads_total,
+    stride_relb, stride_relh, stride_tab, stride_ob, heads_total,
     scaling, extent, window, num_splits,
     G: tl.constexpr, BLOCK_G: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
     R: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr,
     HAS_TAU: tl.constexpr, HAS_WINDOW: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr,
+    MERGE: tl.constexpr, BLOCK_GM: tl.constexpr, SPLIT_CHUNK: tl.constexpr,
 ):  # fmt: skip
     b = tl.program_id(0)
     kh = tl.program_id(1)
@@ -99,6 +103,47 @@ def _decode_split_kernel(
     part = (b * heads_total + heads) * num_splits + split  # [BLOCK_G] rows of the partial buffers
     tl.store(PartO + part[:, None] * D + offs_d[None, :], out, mask=g_ok[:, None] & d_ok[None, :])
     tl.store(PartLse + part, lse, mask=g_ok)
+    if MERGE:
+        if arrive(Counters + b * tl.num_programs(1) + kh, num_splits):
+            _merge_group(PartO, PartLse, Out, b, kh, heads_total, num_splits, tl.cdiv(hi - lo, share), stride_ob,
+                         G, BLOCK_GM, D, BLOCK_D, SPLIT_CHUNK)  # fmt: skip
+
+
+@triton.jit
+def _merge_group(
+    PartO, PartLse, Out, b, kh, heads_total, num_splits, used, stride_ob,
+    G: tl.constexpr, BLOCK_GM: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr, SPLIT_CHUNK: tl.constexpr,
+):  # fmt: skip
+    """The G heads of KV head kh: the first `used` splits (the rest hold no keys) merged by their
+    log-sum-exps, SPLIT_CHUNK splits a step with a running maximum. The partials come from other
+    programs: loaded from L2 (.cg), never from this SM's L1."""
+    offs_g = tl.arange(0, BLOCK_GM)
+    offs_c = tl.arange(0, SPLIT_CHUNK)
+    offs_d = tl.arange(0, BLOCK_D)
+    g_ok = offs_g < G
+    d_ok = offs_d < D
+    first = (b * heads_total + kh * G + offs_g) * num_splits  # [BLOCK_GM] each head's split 0
+    m_i = tl.full([BLOCK_GM], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_GM], tl.float32)
+    acc = tl.zeros([BLOCK_GM, BLOCK_D], tl.float32)
+    for c0 in range(0, used, SPLIT_CHUNK):
+        s_ok = (c0 + offs_c) < used
+        rows = first[:, None] + c0 + offs_c[None, :]  # [BLOCK_GM, SPLIT_CHUNK]
+        ok = g_ok[:, None] & s_ok[None, :]
+        lse = tl.load(PartLse + rows, mask=ok, other=float("-inf"), cache_modifier=".cg")
+        parts = tl.load(PartO + rows[:, :, None] * D + offs_d[None, None, :], mask=ok[:, :, None] & d_ok[None, None, :],
+                        other=0.0, cache_modifier=".cg")  # fmt: skip
+        m_new = tl.maximum(m_i, tl.max(lse, 1))
+        m_safe = tl.where(m_new > float("-inf"), m_new, 0.0)  # padded heads: nothing, not NaN
+        alpha = tl.exp2(m_i - m_safe)
+        w = tl.exp2(lse - m_safe[:, None])
+        l_i = l_i * alpha + tl.sum(w, 1)
+        acc = acc * alpha[:, None] + tl.sum(parts * w[:, :, None], 1)
+        m_i = m_new
+    o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+    heads = kh * G + offs_g
+    tl.store(Out + b * stride_ob + heads[:, None] * D + offs_d[None, :], o.to(Out.dtype.element_ty),
+             mask=g_ok[:, None] & d_ok[None, :])  # fmt: skip
 
 
 @triton.jit(do_not_specialize=["num_splits"])  # see _decode_split_kernel
@@ -150,9 +195,11 @@ def decode_attention(
     block_n: int | None = None,
     num_warps: int = 4,
     num_stages: int = 2,
+    merge_in_kernel: bool = True,
 ) -> torch.Tensor:
     """Attention output [B, heads * head_dim] in q's dtype. No host synchronisation. num_warps /
-    num_stages: the split kernel's launch (benchmark sweeps; serving takes the defaults)."""
+    num_stages: the split kernel's launch; merge_in_kernel=False: the merge as a second launch
+    (benchmark sweeps; serving takes the defaults)."""
     require_triton()
     bsz, heads, dim = q.shape
     kv_heads = k_buf.shape[1]
@@ -172,17 +219,22 @@ def decode_attention(
     out = torch.empty(bsz, heads * dim, dtype=q.dtype, device=q.device)
     upcast, prec = dot_mode(q.dtype)
     block_d = next_pow2(dim)
+    merge = merge_in_kernel and 0 < bsz * kv_heads <= REGION_SIZE  # past a region: the merge launch
+    counter = counters(q.device, bsz * kv_heads, REGION_ATTENTION) if merge else part_lse
     _decode_split_kernel[(bsz, kv_heads, num_splits)](
         q, k_buf, v_buf, req_to_token, req_pool_indices, positions, rel, rel_table,
-        tau if tau is not None else q, part_o, part_lse,
+        tau if tau is not None else q, part_o, part_lse, counter, out,
         q.stride(0), q.stride(1), k_buf.stride(0), k_buf.stride(1), v_buf.stride(0), v_buf.stride(1),
-        req_to_token.stride(0), rel.stride(0), rel.stride(1), rel_table.stride(0), heads,
+        req_to_token.stride(0), rel.stride(0), rel.stride(1), rel_table.stride(0), out.stride(0), heads,
         scaling, extent, window if window is not None else 0, num_splits,
         G=groups, BLOCK_G=next_pow2(groups, 16), D=dim, BLOCK_D=block_d, R=d_rel,
         BLOCK_R=next_pow2(d_rel, 16), BLOCK_N=block_n,
         HAS_TAU=tau is not None, HAS_WINDOW=window is not None, UPCAST=upcast, PREC=prec,
+        MERGE=merge, BLOCK_GM=next_pow2(groups), SPLIT_CHUNK=4 if groups > 4 else 8,
         num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip
+    if merge:
+        return out
     _decode_merge_kernel[(bsz, heads)](
         part_o, part_lse, out, out.stride(0), num_splits,
         D=dim, BLOCK_D=block_d, BLOCK_S=next_pow2(num_splits, 64),  # 64: one compile for every split count
@@ -215,7 +267,9 @@ def extend_as_decode_queries(
         positions = (prefix_lens[:, None] + torch.arange(width, device=dev)).view(-1)
         # Contiguous (the kernel reads rows[b] at unit stride): a copy unless width is 1.
         return req_pool_indices[:, None].expand(b, width).contiguous().view(-1), positions
-    seq = torch.repeat_interleave(torch.arange(extend_lens.shape[0], device=dev), extend_lens, output_size=num_tokens)
+    seq = torch.repeat_interleave(
+        torch.arange(extend_lens.shape[0], device=dev), extend_lens, output_size=num_tokens
+    )
     first = torch.cumsum(extend_lens, 0) - extend_lens
     positions = prefix_lens[seq] + torch.arange(num_tokens, device=dev) - first[seq]
     return req_pool_indices[seq], positions

@@ -19,14 +19,18 @@ def _qkvr(dt, to_cache):
     return ("qkvr_epilogue", "_qkvr_epilogue_kernel", ptr, consts, ("eps",), 1)
 
 
-def _conv_norm(dt, norm, slots=0):
+def _conv_norm(dt, norm, slots=0, here=True):
     # slots > 0: X is a MoE's unsummed fp32 slots (6 routed + 2 sinks), summed in the conv's launch.
-    ptr = {n: f"*{dt}" for n in ("X", "Res", "Summed")}
-    ptr.update(ConvW="*fp32", State="*fp32", Rows="*i64", SumSq="*fp32" if norm else f"*{dt}", Ids="*i64")
+    # here: the norm by the token's last program (else by _rmsnorm_blocks_kernel).
+    here = norm and here
+    ptr = {n: f"*{dt}" for n in ("X", "Res", "Summed", "NormW", "Normed")}
+    ptr.update(ConvW="*fp32", State="*fp32", Rows="*i64", SumSq="*fp32" if norm else f"*{dt}", Ids="*i64",
+               Counters="*i32" if here else "*i64")  # fmt: skip
     if slots:
         ptr["X"] = "*fp32"
-    consts = dict(HAS_NORM=norm, K=4, BLOCK_K=4, BLOCK_C=256, TOPK=6, SLOTS=slots)
-    return ("sconv_norm", "_sconv_add_kernel", ptr, consts, (), 4)
+    consts = dict(HAS_NORM=norm, K=4, BLOCK_K=4, BLOCK_C=256, TOPK=6, SLOTS=slots, NORM_HERE=here, BLOCK_N=32,
+                  BLOCK_ROW=8192)  # fmt: skip
+    return ("sconv_norm", "_sconv_add_kernel", ptr, consts, ("eps",), 4)
 
 
 def _sum_slots(dt):
@@ -70,12 +74,15 @@ def _router_gemv(dt):
     return ("router", "_router_gemv_kernel", {"X": f"*{dt}", "W": "*fp32", "Out": "*fp32"}, consts, (), 4)
 
 
-def _split(dt, tau):
-    ptr = {n: f"*{dt}" for n in ("Q", "K", "V", "Rel", "Table")}
+def _split(dt, tau, merge=True):
+    # tau: a full layer (8 heads a KV head); else a sliding one (4), as Inkling's.
+    g = 8 if tau else 4
+    ptr = {n: f"*{dt}" for n in ("Q", "K", "V", "Rel", "Table", "Out")}
     ptr.update(ReqToTok="*i64", ReqIdx="*i64", Pos="*i64", Tau="*fp32" if tau else f"*{dt}", PartO="*fp32",
-               PartLse="*fp32")  # fmt: skip
-    consts = dict(G=8, BLOCK_G=16, D=128, BLOCK_D=128, R=16, BLOCK_R=16, BLOCK_N=64, HAS_TAU=tau, HAS_WINDOW=not tau,
-                  UPCAST=False, PREC="ieee" if dt == "fp32" else "tf32")  # fmt: skip
+               PartLse="*fp32", Counters="*i32" if merge else "*fp32")  # fmt: skip
+    consts = dict(G=g, BLOCK_G=16, D=128, BLOCK_D=128, R=16, BLOCK_R=16, BLOCK_N=64, HAS_TAU=tau, HAS_WINDOW=not tau,
+                  UPCAST=False, PREC="ieee" if dt == "fp32" else "tf32", MERGE=merge, BLOCK_GM=g,
+                  SPLIT_CHUNK=4 if g > 4 else 8)  # fmt: skip
     return ("decode_attention", "_decode_split_kernel", ptr, consts, ("scaling",), 4)
 
 
@@ -87,12 +94,13 @@ def _merge():
 CASES = (
     [_qkvr(dt, c) for dt in ("bf16", "fp32") for c in (False, True)]
     + [_conv_norm(dt, n, slots) for dt in ("bf16", "fp32") for n in (False, True) for slots in (0, 8)]
+    + [_conv_norm("bf16", True, 0, here=False)]
     + [_sum_slots(dt) for dt in ("bf16", "fp32")]
     + [_conv_rmsnorm(dt) for dt in ("bf16", "fp32")]
     + [_router(dt, aligned) for dt in ("bf16", "fp32") for aligned in (False, True)]
     + [_align_small(), _align_sorted()]
     + [_router_gemv(dt) for dt in ("bf16", "fp32")]
-    + [_split(dt, tau) for dt in ("bf16", "fp32") for tau in (False, True)]
+    + [_split(dt, tau, merge) for dt in ("bf16", "fp32") for tau in (False, True) for merge in (True, False)]
     + [_merge()]
 )
 

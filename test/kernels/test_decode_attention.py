@@ -51,14 +51,35 @@ def test_decode_matches_reference(shape, positions, dtype):
     torch.testing.assert_close(got.float(), want.float(), atol=TOL[dtype], rtol=TOL[dtype])
 
 
-@pytest.mark.parametrize("num_splits", [1, 3, 7])
-def test_decode_split_counts_agree(num_splits):
-    """Any split count gives the same answer, including splits that receive no keys."""
+@pytest.mark.parametrize("merge_in_kernel", [True, False])
+@pytest.mark.parametrize("num_splits", [1, 3, 7, 12])
+def test_decode_split_counts_agree(num_splits, merge_in_kernel):
+    """Any split count gives the same answer, including splits that receive no keys, whether the
+    last split program of each group merges it or a second launch does (12 splits: more than one
+    chunk of the in-kernel merge)."""
+    from sgl_inkling_kernels.arrivals import REGION_ATTENTION, counters
+
     heads, kv, dim, d_rel, extent, window = SHAPES[0]
-    positions = [2, 19, 40] if not CUDA else [2, 300, 2500]
+    # 191: 192 keys over 12 splits of 16 keys, all used (the merge takes them 8 a step on the CPU)
+    positions = [2, 19, 191] if not CUDA else [2, 300, 2500]
     case = make_case(positions, [1] * len(positions), heads, kv, dim, d_rel, extent, True, torch.float32, DEVICE)
-    got, want = _run(case, window, 1.0 / dim, num_splits=num_splits)
+    got, want = _run(case, window, 1.0 / dim, num_splits=num_splits, merge_in_kernel=merge_in_kernel, block_n=16)
     torch.testing.assert_close(got, want, atol=2e-4, rtol=2e-4)
+    # Every group's counter is back at rest for the next launch (or graph replay).
+    assert not counters(case.q.device, len(positions) * kv, REGION_ATTENTION).any()
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_in_kernel_merge_equals_merge_launch(shape):
+    """The last-arrival merge and the separate merge launch combine the same partials: equal
+    within fp32 rounding, over a sliding and a full layer's shapes (GQA groups of 2 to 8 heads)."""
+    heads, kv, dim, d_rel, extent, window = shape
+    positions = [0, 21, 40] if not CUDA else [0, 700, 3000]
+    case = make_case(positions, [1] * len(positions), heads, kv, dim, d_rel, extent, window is None, torch.float32,
+                     DEVICE, seed=5)  # fmt: skip
+    one, _ = _run(case, window, 1.0 / dim**0.5, num_splits=5, block_n=16)
+    two, _ = _run(case, window, 1.0 / dim**0.5, num_splits=5, block_n=16, merge_in_kernel=False)
+    torch.testing.assert_close(one, two, atol=1e-6, rtol=1e-6)
 
 
 def test_decode_bias_is_used():

@@ -50,11 +50,13 @@ def _split_args(num_splits: int, bsz: int = 3, heads: int = 4, dim: int = 16) ->
     rel, table, table_rows = torch.zeros(bsz, heads, 4), torch.zeros(4, 32), torch.zeros(2, 8, dtype=torch.int64)
     part_o = torch.zeros(bsz, heads, num_splits, dim)
     part_lse = torch.zeros(bsz, heads, num_splits)
-    args = (q, kv, kv, table_rows, rows, pos, rel, table, q, part_o, part_lse,
+    counters = torch.zeros(bsz * 2, dtype=torch.int32)
+    out = torch.zeros(bsz, heads * dim)
+    args = (q, kv, kv, table_rows, rows, pos, rel, table, q, part_o, part_lse, counters, out,
             q.stride(0), q.stride(1), kv.stride(0), kv.stride(1), kv.stride(0), kv.stride(1), table_rows.stride(0),
-            rel.stride(0), rel.stride(1), table.stride(0), heads, 0.25, 32, 16, num_splits)  # fmt: skip
+            rel.stride(0), rel.stride(1), table.stride(0), out.stride(0), heads, 0.25, 32, 16, num_splits)  # fmt: skip
     meta = dict(G=2, BLOCK_G=16, D=dim, BLOCK_D=dim, R=4, BLOCK_R=16, BLOCK_N=16, HAS_TAU=False, HAS_WINDOW=True,
-                UPCAST=True, PREC="ieee", num_warps=4, num_stages=2)  # fmt: skip
+                UPCAST=True, PREC="ieee", MERGE=True, BLOCK_GM=2, SPLIT_CHUNK=8, num_warps=4, num_stages=2)  # fmt: skip
     return args, meta
 
 

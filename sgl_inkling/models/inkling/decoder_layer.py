@@ -58,8 +58,18 @@ class DecoderLayer(nn.Module):
             and (capture is None or self.attn.spec.layer_id not in capture)
         )
 
-    def forward(self, h: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
-        a = self.attn(self.attn_norm(h), batch)
+    def forward(
+        self,
+        h: torch.Tensor,
+        batch: ForwardBatch,
+        normed: torch.Tensor | None = None,
+        next_norm: RMSNorm | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(hidden state out, next_norm of it or None). normed: this layer's attn_norm(h) where the layer
+        before computed it; next_norm: the norm that follows (the next layer's attn_norm, or the final
+        norm), computed in this layer's last launch where the fused decode path runs (a launch fewer
+        a layer), else left to the caller (None)."""
+        a = self.attn(self.attn_norm(h) if normed is None else normed, batch)
         if use_triton(h) and self._fused_decode(batch):
             pool, rows, lid = batch.sconv_pool, batch.req_pool_indices, self.attn.spec.layer_id
             m_in, h = sconv_add_rmsnorm_decode(
@@ -73,7 +83,13 @@ class DecoderLayer(nn.Module):
             )
             defer = isinstance(self.mlp, MoE) and m_in.shape[0] <= SLOT_SUM_IN_CONV_MAX_TOKENS
             m = self.mlp(m_in, defer_slot_sum=True) if defer else self.mlp(m_in)
-            return sconv_add_decode(m, self.mlp_sconv.weight, pool.state(lid, SCONV_MLP), rows, h)
+            state = pool.state(lid, SCONV_MLP)
+            if next_norm is None:
+                return sconv_add_decode(m, self.mlp_sconv.weight, state, rows, h), None
+            out_normed, h = sconv_add_rmsnorm_decode(
+                m, self.mlp_sconv.weight, state, rows, h, next_norm.weight, next_norm.eps
+            )
+            return h, out_normed
         a = all_gather_hidden(self.attn_sconv(reduce_scatter_hidden(a), batch))
         if use_triton(h):
             m_in, h = fused_add_rmsnorm(a, h, self.mlp_norm.weight, self.mlp_norm.eps)
@@ -81,4 +97,4 @@ class DecoderLayer(nn.Module):
             h = h + a
             m_in = self.mlp_norm(h)
         m = all_gather_hidden(self.mlp_sconv(reduce_scatter_hidden(self.mlp(m_in)), batch))
-        return h + m
+        return h + m, None

@@ -40,6 +40,15 @@ class InklingLLM(nn.Module):
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.unembed = Linear(cfg.hidden_size, cfg.vocab_size)
 
+    def run_layers(self, h: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
+        """The final-normed hidden state after every layer. Each layer hands the next its attn_norm
+        (the last, the final norm) where it computed that in its own last launch."""
+        normed = None
+        for i, layer in enumerate(self.layers):
+            following = self.layers[i + 1].attn_norm if i + 1 < len(self.layers) else self.norm
+            h, normed = layer(h, batch, normed, following)
+        return self.norm(h) if normed is None else normed
+
 
 class InklingModel(nn.Module):
     def __init__(self, config: InklingConfig, modalities: tuple[str, ...]):
@@ -129,9 +138,7 @@ class InklingForCausalLM(nn.Module):
             h = batch.input_embeds
         else:
             h = self.embed_tokens(batch.input_ids)
-        for layer in llm.layers:
-            h = layer(h, batch)
-        h = llm.norm(h)
+        h = llm.run_layers(h, batch)
         return ModelOutput(logits=self.logits(h[batch.logits_indices]), hidden=h)
 
     @torch.no_grad()

@@ -30,7 +30,7 @@ class MTPLayer(nn.Module):
     def forward(self, prev_hidden: torch.Tensor, embeds: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
         g, e = self.hidden_norm(prev_hidden), self.embed_norm(embeds)
         z = self.input_proj(torch.cat([g, e] if self.hidden_first else [e, g], dim=-1))
-        return self.transformer_block(z, batch)
+        return self.transformer_block(z, batch)[0]
 
 
 class MTP(nn.Module):

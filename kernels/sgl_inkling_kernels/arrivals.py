@@ -1,0 +1,55 @@
+"""Last-arrival counters: a launch whose programs each write a partial result lets its last program
+combine them, instead of a second launch to do it. In a batch-1 decode step, replayed from a CUDA
+graph, each launch boundary costs about 2 us on Hopper (the next kernel waits for the last program
+of this one to drain, then starts): a split-then-merge pair pays that once more than one launch.
+
+Protocol: a counter is an int32 that is zero at rest. Each program of a group stores its partials,
+then `arrive` adds one (acq_rel at GPU scope, after a barrier, so the program's stores are visible
+to whoever sees the count). The program that sees n - 1 is the last: its loads after `arrive` see
+every partial of the group, and it resets the counter for the next launch. No host work, no memset:
+the same pointer serves every launch and every graph replay.
+
+The counters of one device are one zeroed buffer, allocated once outside CUDA-graph capture (the
+launchers' warm-up calls run first) and never freed, so a captured graph's pointer stays valid.
+Each call site takes its own region, so kernels of two sites never share a counter even if they
+ever ran on two streams at once.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from sgl_inkling_kernels._triton import tl, triton
+
+REGION_SIZE = 1 << 14  # counters per call site: batch x KV heads of decode attention fits easily
+REGION_ATTENTION = 0  # decode_attention: one per (sequence, KV head)
+REGION_SCONV = 1  # sconv_norm: one per token
+_REGIONS = 2
+
+_BUFFERS: dict[torch.device, torch.Tensor] = {}
+
+
+def counters(device: torch.device, n: int, region: int) -> torch.Tensor:
+    """n zeroed int32 counters of `region` on `device` (the same ones on every call)."""
+    if n > REGION_SIZE:
+        raise ValueError(f"arrivals: {n} counters asked for, a region holds {REGION_SIZE}")
+    buf = _BUFFERS.get(device)
+    if buf is None:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError(
+                "arrivals: first use during CUDA-graph capture; warm the kernel up before capturing"
+            )
+        buf = _BUFFERS[device] = torch.zeros(_REGIONS * REGION_SIZE, dtype=torch.int32, device=device)
+    return buf[region * REGION_SIZE : region * REGION_SIZE + n]
+
+
+@triton.jit
+def arrive(Counter, n):
+    """True in the last of the n programs sharing Counter to arrive (which resets it); call after the
+    program's partial stores. Every thread of the program gets the same answer."""
+    tl.debug_barrier()  # every thread's partial stores issued before the count is published
+    seen = tl.atomic_add(Counter, 1, sem="acq_rel", scope="gpu")
+    last = seen == n - 1
+    if last:
+        tl.atomic_xchg(Counter, 0, sem="relaxed", scope="gpu")
+    return last
