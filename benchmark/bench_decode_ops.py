@@ -9,9 +9,9 @@ ceiling (benchmark/hbm_ceiling.py: 4.3 TB/s on the H200).
 Ops: q/k/v/r projection with its convs, norms and KV cache store (full and sliding layers), attention-output conv +
 residual + norm, FFN-output conv + residual, router (fp32 GEMM + top-k + sink weights), router_align (the router
 and the experts' pair layout, router_align_case), and decode
-attention at 8K and 128K contexts (full layer) and the 512 window (sliding). "two_launch" (attention,
-attention-output conv + norm): the same kernels with the merge / the norm in a second launch, as before
-the last program of a group did it (`arrivals`). Each call of a graph
+attention at 8K and 128K contexts (full layer) and the 512 window (sliding). "two_launch" (attention):
+the merge in a second launch, as before the last split program of a group could merge it (`arrivals`).
+Each call of a graph
 gets its own inputs (weights too where they fit the 50 MB L2 many times over), so nothing is
 served from the L2 that a real step would stream. Timed with `bench_moe_nvfp4.time_graph`.
 """
@@ -106,12 +106,8 @@ def conv_norm_case(bsz: int, calls: int, norm: bool):
         else:
             d["h"] + y
 
-    def two_launch(c):  # the norm in its own launch (before the last program did it)
-        d = sets[c]
-        sconv_add_rmsnorm_decode(d["a"], conv, d["st"], idx, d["h"], nw, 1e-6, fused_norm=False)
-
     moved = bsz * H * 2 * (3 + norm) + bsz * 3 * H * 4 * 2 + H * 4 * 4 + norm * H * 2
-    return fused, unfused, moved, two_launch if norm else None
+    return fused, unfused, moved
 
 
 def conv_slots_case(bsz: int, calls: int):

@@ -8,9 +8,9 @@ sliding window and log scaling (tau scales the bias; q arrives already scaled).
 Grids fixed by shapes, so the kernels can be captured in a CUDA graph and never ask the host for
 sequence lengths: each (sequence, KV head, split) program takes one contiguous share of the visible
 keys (flash-decoding, so batch 1 still fills the GPU) and writes a normalised partial output with
-its log-sum-exp; the splits are then merged. By default the last split program of each (sequence,
-KV head) to finish merges its group's heads itself (`arrivals`: one launch, not two, which a
-latency-bound batch-1 step feels); `merge_in_kernel=False` runs the merge as its own launch.
+its log-sum-exp; the splits are then merged. Up to MERGE_IN_KERNEL_MAX_SPLITS splits the last split
+program of each (sequence, KV head) to finish merges its group's heads itself (`arrivals`: one launch,
+not two); with more, a second launch merges, one program per head, in parallel.
 Reference: `attention_ref.paged_attention_ref` (decode = one new token, prefix = its position).
 """
 
@@ -21,6 +21,12 @@ import torch
 from sgl_inkling_kernels._triton import dot_mode, interpreting, mm, next_pow2, require_triton, tl, triton
 from sgl_inkling_kernels.arrivals import REGION_ATTENTION, REGION_SIZE, arrive, counters
 from sgl_inkling_kernels.attention_ref import paged_attention_ref
+
+# The in-kernel merge walks its group's splits a few at a time in one program, so it pays only for
+# few splits. H200, 944145e (bench_decode_ops, one launch against two): the 512 window at batch 1
+# (8 splits) 10.1 against 11.2 us, batch 64 (2-3 splits) 714.6 against 746.1 us at 8K keys and 135.9
+# against 142.4 in the window; an 8K full layer at batch 1 (64 splits) 24.2 against 18.6 us.
+MERGE_IN_KERNEL_MAX_SPLITS = 8
 
 
 # The split count varies with the batch (and the GPU's SM count), so it is never specialised on, and
@@ -195,11 +201,12 @@ def decode_attention(
     block_n: int | None = None,
     num_warps: int = 4,
     num_stages: int = 2,
-    merge_in_kernel: bool = True,
+    merge_in_kernel: bool | None = None,
 ) -> torch.Tensor:
     """Attention output [B, heads * head_dim] in q's dtype. No host synchronisation. num_warps /
-    num_stages: the split kernel's launch; merge_in_kernel=False: the merge as a second launch
-    (benchmark sweeps; serving takes the defaults)."""
+    num_stages: the split kernel's launch; merge_in_kernel: the merge by the last split program
+    (True) or a second launch (False), default by the split count (benchmark sweeps and tests; serving
+    takes the defaults)."""
     require_triton()
     bsz, heads, dim = q.shape
     kv_heads = k_buf.shape[1]
@@ -219,6 +226,8 @@ def decode_attention(
     out = torch.empty(bsz, heads * dim, dtype=q.dtype, device=q.device)
     upcast, prec = dot_mode(q.dtype)
     block_d = next_pow2(dim)
+    if merge_in_kernel is None:
+        merge_in_kernel = num_splits <= MERGE_IN_KERNEL_MAX_SPLITS
     merge = merge_in_kernel and 0 < bsz * kv_heads <= REGION_SIZE  # past a region: the merge launch
     counter = counters(q.device, bsz * kv_heads, REGION_ATTENTION) if merge else part_lse
     _decode_split_kernel[(bsz, kv_heads, num_splits)](

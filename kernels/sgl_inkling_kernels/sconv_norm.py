@@ -1,20 +1,19 @@
 """Decode: a block's output short conv, the residual add and (optionally) the next RMSNorm, fused
-into one launch, the channels split over programs.
+into one launch (two with the norm), the channels split over programs.
 
     y = sconv(x)                  fp32, rounded to x's dtype (the ShortConv module's output)
     summed = residual + y         rounded to the dtype: the new hidden state
     normed = rmsnorm(summed)      fp32 normalise, round, times the gain (the RMSNorm module)
 
-One launch, a grid (B, n_blocks), one program per token and block of BLOCK_C channels: a single
-program walking a whole row (~300 KB of conv state and weights at C = 6144) left the launch
-latency-bound on one SM. Each program does the per-channel work: conv (shifting the conv state
+Both launches run a grid (B, n_blocks), one program per token and block of BLOCK_C channels: a
+single program walking a whole row (~300 KB of conv state and weights at C = 6144) left the
+launch latency-bound on one SM. Launch 1 does the per-channel work: conv (shifting the conv state
 [slots, K-1, C] in place, as `sconv.sconv_decode`; each program touches its own channels only),
 add, store `summed`, and, when a norm follows, its block's sum of squares of the rounded `summed`
-into an fp32 buffer [B, n_blocks]. The norm needs the whole row's sum: the last program of a token
-to finish (`arrivals`) adds up the token's partials in one fixed reduction (the same bits run
-after run) and normalises the whole row. Past `arrivals.REGION_SIZE` tokens, or with
-fused_norm=False, a second launch normalises instead, one program per block, with the same math.
-The grid and every compile key
+into an fp32 buffer [B, n_blocks]. Launch 2 (norm only) needs the whole row's sum: each program
+adds up its token's partials in one fixed reduction (no atomics: every program of a token gets
+the same bits, run after run), then normalises its block of `summed`. Without a norm (the FFN
+output, whose sum is the layer's output) launch 2 is skipped. The grid and every compile key
 depend on the shapes' C only, never on the batch (CUDA-graph safe, no recompiles). TP 1 only:
 under TP the conv runs on a reduce-scattered shard and the residual add after the all-gather.
 """
@@ -24,7 +23,6 @@ from __future__ import annotations
 import torch
 
 from sgl_inkling_kernels._triton import interpreting, next_pow2, require_triton, tl, triton
-from sgl_inkling_kernels.arrivals import REGION_SCONV, REGION_SIZE, arrive, counters
 from sgl_inkling_kernels.moe_slots import UnsummedSlots, slot_sum
 from sgl_inkling_kernels.rmsnorm import fused_add_rmsnorm_ref
 from sgl_inkling_kernels.sconv import sconv_ref
@@ -32,15 +30,13 @@ from sgl_inkling_kernels.sconv import sconv_ref
 
 @triton.jit
 def _sconv_add_kernel(
-    X, ConvW, State, Rows, Res, Summed, SumSq, Ids, Counters, NormW, Normed,
-    stride_xb, stride_ss, stride_sk, stride_rb, stride_sb, stride_xs, stride_nb, C, num_experts, eps,
+    X, ConvW, State, Rows, Res, Summed, SumSq, Ids,
+    stride_xb, stride_ss, stride_sk, stride_rb, stride_sb, stride_xs, C, num_experts,
     HAS_NORM: tl.constexpr, K: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_C: tl.constexpr,
-    TOPK: tl.constexpr, SLOTS: tl.constexpr, NORM_HERE: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_ROW: tl.constexpr,
+    TOPK: tl.constexpr, SLOTS: tl.constexpr,
 ):  # fmt: skip
     """SLOTS > 0: X is a MoE's slots [B, SLOTS, C] (moe_slots.UnsummedSlots, routed ids in Ids), summed
-    here and rounded to the output dtype, as sum_slots would have stored them. NORM_HERE: the token's
-    last program normalises its row, BLOCK_ROW channels a step (else _rmsnorm_blocks_kernel does)."""
+    here and rounded to the output dtype, as sum_slots would have stored them."""
     b = tl.program_id(0)
     blk = tl.program_id(1)
     row = tl.load(Rows + b)
@@ -69,32 +65,6 @@ def _sconv_add_kernel(
     tl.debug_barrier()  # every thread has read this block's old state before any shifts it
     tl.store(st_ptr - stride_sk, hist, mask=(k_ok & (offs_k >= 1))[:, None] & c_ok[None, :])
     tl.store(State + row * stride_ss + (K - 2) * stride_sk + offs_c, xf, mask=c_ok)
-    if NORM_HERE:
-        if arrive(Counters + b, tl.num_programs(1)):
-            inv = _row_inv(SumSq, b, tl.num_programs(1), C, eps, BLOCK_N)
-            for c0 in range(0, C, BLOCK_ROW):
-                _norm_block(
-                    Summed, NormW, Normed, b, c0 + tl.arange(0, BLOCK_ROW), inv, stride_sb, stride_nb, C
-                )
-
-
-@triton.jit
-def _row_inv(SumSq, b, n_blocks, C, eps, BLOCK_N: tl.constexpr):
-    """1 / rms of token b's row from its blocks' sums of squares: the same reduction tree wherever it
-    runs (either launch form, any program), so the same bits. Loaded from L2: other programs wrote it."""
-    offs_n = tl.arange(0, BLOCK_N)
-    part = tl.load(SumSq + b * n_blocks + offs_n, mask=offs_n < n_blocks, other=0.0, cache_modifier=".cg")
-    return tl.rsqrt(tl.sum(part, 0) / C + eps)
-
-
-@triton.jit
-def _norm_block(Summed, NormW, Normed, b, offs_c, inv, stride_sb, stride_nb, C):
-    """The RMSNorm module's rounding: normalise in fp32, round to the dtype, times the gain."""
-    c_ok = offs_c < C
-    s = tl.load(Summed + b * stride_sb + offs_c, mask=c_ok, other=0.0, cache_modifier=".cg")
-    normed = (s.to(tl.float32) * inv).to(s.dtype).to(tl.float32)
-    w = tl.load(NormW + offs_c, mask=c_ok, other=0.0).to(tl.float32)
-    tl.store(Normed + b * stride_nb + offs_c, (normed * w).to(Normed.dtype.element_ty), mask=c_ok)
 
 
 @triton.jit
@@ -103,9 +73,17 @@ def _rmsnorm_blocks_kernel(
     BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr,
 ):  # fmt: skip
     b = tl.program_id(0)
-    inv = _row_inv(SumSq, b, tl.num_programs(1), C, eps, BLOCK_N)
-    _norm_block(Summed, NormW, Normed, b, tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C), inv, stride_sb,
-                stride_nb, C)  # fmt: skip
+    n_blocks = tl.num_programs(1)
+    offs_n = tl.arange(0, BLOCK_N)
+    part = tl.load(SumSq + b * n_blocks + offs_n, mask=offs_n < n_blocks, other=0.0)
+    # The same reduction tree in every program of the token (and every run): one inv per token.
+    inv = tl.rsqrt(tl.sum(part, 0) / C + eps)
+    offs_c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    c_ok = offs_c < C
+    s = tl.load(Summed + b * stride_sb + offs_c, mask=c_ok, other=0.0)
+    normed = (s.to(tl.float32) * inv).to(s.dtype).to(tl.float32)
+    w = tl.load(NormW + offs_c, mask=c_ok, other=0.0).to(tl.float32)
+    tl.store(Normed + b * stride_nb + offs_c, (normed * w).to(Normed.dtype.element_ty), mask=c_ok)
 
 
 def block_c() -> int:
@@ -116,7 +94,7 @@ def block_c() -> int:
     return 64 if interpreting() else 256
 
 
-def _launch(x, conv_w, state, rows, residual, norm_w, eps, fused_norm: bool = True):
+def _launch(x, conv_w, state, rows, residual, norm_w, eps):
     require_triton()
     slots = x if isinstance(x, UnsummedSlots) else None
     if slots is not None and slots.dtype != residual.dtype:
@@ -136,27 +114,22 @@ def _launch(x, conv_w, state, rows, residual, norm_w, eps, fused_norm: bool = Tr
     summed = torch.empty_like(residual)
     normed = None
     if norm_w is not None:
-        normed = torch.empty(x.shape, dtype=torch.promote_types(summed.dtype, norm_w.dtype), device=x.device)
+        normed = torch.empty(x.shape, dtype=torch.promote_types(summed.dtype, norm_w.dtype), device=residual.device)
     if bsz:
         bc = block_c()
         n_blocks = triton.cdiv(c, bc)  # C only: the same kernels for every batch size
         sumsq = summed  # a stand-in pointer: without a norm the kernel never touches it
         if normed is not None:
-            sumsq = torch.empty((bsz, n_blocks), dtype=torch.float32, device=x.device)
+            sumsq = torch.empty((bsz, n_blocks), dtype=torch.float32, device=residual.device)
         xs, ids = (slots.out, slots.ids) if slots is not None else (x, rows)  # rows: a stand-in pointer
-        norm_here = normed is not None and fused_norm and bsz <= REGION_SIZE
-        counter = counters(x.device, bsz, REGION_SCONV) if norm_here else rows  # rows: a stand-in pointer
         _sconv_add_kernel[(bsz, n_blocks)](
-            xs, conv_w, state, rows, residual, summed, sumsq, ids, counter,
-            norm_w if normed is not None else summed, normed if normed is not None else summed,
+            xs, conv_w, state, rows, residual, summed, sumsq, ids,
             xs.stride(0), state.stride(0), state.stride(1), residual.stride(0), summed.stride(0),
-            xs.stride(1) if slots is not None else 0, normed.stride(0) if normed is not None else 0, c,
-            slots.num_experts if slots is not None else 0, float(eps),
+            xs.stride(1) if slots is not None else 0, c, slots.num_experts if slots is not None else 0,
             HAS_NORM=normed is not None, K=k, BLOCK_K=next_pow2(k - 1), BLOCK_C=bc, num_warps=4,
             TOPK=ids.shape[1] if slots is not None else 0, SLOTS=xs.shape[1] if slots is not None else 0,
-            NORM_HERE=norm_here, BLOCK_N=next_pow2(n_blocks), BLOCK_ROW=min(next_pow2(c), bc if interpreting() else 8192),
         )  # fmt: skip
-        if normed is not None and not norm_here:
+        if normed is not None:
             _rmsnorm_blocks_kernel[(bsz, n_blocks)](
                 summed, sumsq, norm_w, normed, summed.stride(0), normed.stride(0), c, float(eps),
                 BLOCK_N=next_pow2(n_blocks), BLOCK_C=bc, num_warps=4,
@@ -165,25 +138,20 @@ def _launch(x, conv_w, state, rows, residual, norm_w, eps, fused_norm: bool = Tr
 
 
 def sconv_add_rmsnorm_decode(
-    x: torch.Tensor | UnsummedSlots,  # [B, C] the block's output (the conv's input)
+    x: torch.Tensor | UnsummedSlots,  # [B, C] the block's output (the conv's input), or a MoE's slots
     conv_w: torch.Tensor,  # [C, 1, K] fp32
     state: torch.Tensor,  # [slots, K-1, C] fp32, shifted in place
     rows: torch.Tensor,  # [B] conv state slot of each token
     residual: torch.Tensor,  # [B, C] the hidden state before the block
     norm_w: torch.Tensor,  # [C] the next RMSNorm's gain
     eps: float,
-    fused_norm: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(rmsnorm(residual + sconv(x)), residual + sconv(x)); x may be a MoE's unsummed slots.
-    fused_norm=False: the norm in a second launch (the same bits; benchmark comparisons)."""
-    return _launch(x, conv_w, state, rows, residual, norm_w, eps, fused_norm)
+    """(rmsnorm(residual + sconv(x)), residual + sconv(x))."""
+    return _launch(x, conv_w, state, rows, residual, norm_w, eps)
 
 
 def sconv_add_decode(
-    x: torch.Tensor | UnsummedSlots,
-    conv_w: torch.Tensor,
-    state: torch.Tensor,
-    rows: torch.Tensor,
+    x: torch.Tensor | UnsummedSlots, conv_w: torch.Tensor, state: torch.Tensor, rows: torch.Tensor,
     residual: torch.Tensor,
 ) -> torch.Tensor:
     """residual + sconv(x), no norm; x may be a MoE's unsummed slots (summed in this launch)."""

@@ -19,18 +19,14 @@ def _qkvr(dt, to_cache):
     return ("qkvr_epilogue", "_qkvr_epilogue_kernel", ptr, consts, ("eps",), 1)
 
 
-def _conv_norm(dt, norm, slots=0, here=True):
+def _conv_norm(dt, norm, slots=0):
     # slots > 0: X is a MoE's unsummed fp32 slots (6 routed + 2 sinks), summed in the conv's launch.
-    # here: the norm by the token's last program (else by _rmsnorm_blocks_kernel).
-    here = norm and here
-    ptr = {n: f"*{dt}" for n in ("X", "Res", "Summed", "NormW", "Normed")}
-    ptr.update(ConvW="*fp32", State="*fp32", Rows="*i64", SumSq="*fp32" if norm else f"*{dt}", Ids="*i64",
-               Counters="*i32" if here else "*i64")  # fmt: skip
+    ptr = {n: f"*{dt}" for n in ("X", "Res", "Summed")}
+    ptr.update(ConvW="*fp32", State="*fp32", Rows="*i64", SumSq="*fp32" if norm else f"*{dt}", Ids="*i64")
     if slots:
         ptr["X"] = "*fp32"
-    consts = dict(HAS_NORM=norm, K=4, BLOCK_K=4, BLOCK_C=256, TOPK=6, SLOTS=slots, NORM_HERE=here, BLOCK_N=32,
-                  BLOCK_ROW=8192)  # fmt: skip
-    return ("sconv_norm", "_sconv_add_kernel", ptr, consts, ("eps",), 4)
+    consts = dict(HAS_NORM=norm, K=4, BLOCK_K=4, BLOCK_C=256, TOPK=6, SLOTS=slots)
+    return ("sconv_norm", "_sconv_add_kernel", ptr, consts, (), 4)
 
 
 def _sum_slots(dt):
@@ -94,7 +90,6 @@ def _merge():
 CASES = (
     [_qkvr(dt, c) for dt in ("bf16", "fp32") for c in (False, True)]
     + [_conv_norm(dt, n, slots) for dt in ("bf16", "fp32") for n in (False, True) for slots in (0, 8)]
-    + [_conv_norm("bf16", True, 0, here=False)]
     + [_sum_slots(dt) for dt in ("bf16", "fp32")]
     + [_conv_rmsnorm(dt) for dt in ("bf16", "fp32")]
     + [_router(dt, aligned) for dt in ("bf16", "fp32") for aligned in (False, True)]

@@ -92,29 +92,6 @@ def test_channel_split(c, norm):
         assert torch.equal(again_n, got_n)  # the partials are summed in a fixed order
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_norm_by_the_last_program_equals_the_norm_launch(dtype):
-    """The token's last block program to finish normalises the whole row (one launch): the same bits
-    as the second launch that normalises block by block, for rows of several blocks (on the CPU the
-    row is normalised a block at a time, so the loop runs), and every counter back at rest."""
-    from sgl_inkling_kernels.arrivals import REGION_SCONV, counters
-
-    c, bsz = max(CHANNELS), 5
-    assert -(-c // block_c()) >= 3
-    g = torch.Generator().manual_seed(3)
-    conv = (0.3 * torch.randn(c, 1, 4, generator=g)).to(DEVICE)
-    state = torch.randn(8, 3, c, generator=g).to(DEVICE)
-    rows = torch.tensor([7, 2, 0, 5, 1], device=DEVICE)
-    x = torch.randn(bsz, c, generator=g).to(DEVICE, dtype)
-    res = (torch.randn(bsz, c, generator=g) * torch.logspace(-1, 1, c)).to(DEVICE, dtype)
-    norm_w = (1.0 + 0.3 * torch.randn(c, generator=g)).to(DEVICE, dtype)
-    state2 = state.clone()
-    one_n, one_s = sconv_add_rmsnorm_decode(x, conv, state, rows, res, norm_w, 1e-6)
-    two_n, two_s = sconv_add_rmsnorm_decode(x, conv, state2, rows, res, norm_w, 1e-6, fused_norm=False)
-    assert torch.equal(one_s, two_s) and torch.equal(one_n, two_n) and torch.equal(state, state2)
-    assert not counters(x.device, bsz, REGION_SCONV).any()
-
-
 def test_empty_batch():
     c = max(CHANNELS)
     conv = torch.randn(c, 1, 4).to(DEVICE)
@@ -163,5 +140,11 @@ def test_moe_slots_summed_in_the_conv_launch(dtype):
     assert not got.isnan().any()
     torch.testing.assert_close(got.float(), want.float(), atol=TOL[dtype], rtol=TOL[dtype])
     torch.testing.assert_close(state, ref_state, atol=TOL[dtype], rtol=TOL[dtype])
+    # With the next norm (the next layer's attn_norm, chained into this launch): the same bits as the rows.
+    norm_w = (1.0 + 0.3 * torch.randn(c, generator=g)).to(DEVICE, dtype)
+    st_rows, st_slots = state.clone(), state.clone()
+    want_n, want_s = sconv_add_rmsnorm_decode(rows_first, conv, st_rows, rows, res, norm_w, 1e-6)
+    got_n, got_s = sconv_add_rmsnorm_decode(slots, conv, st_slots, rows, res, norm_w, 1e-6)
+    assert torch.equal(got_n, want_n) and torch.equal(got_s, want_s) and torch.equal(st_slots, st_rows)
     with pytest.raises(ValueError, match="slots summed to"):
         sconv_add_decode(UnsummedSlots(out, ids, n_exp, torch.float16), conv, state, rows, res)
