@@ -249,7 +249,8 @@ def main() -> None:
             calls = args.calls if name[:9] != "attention" else 2
             floor_us = moved / (peak_tb_s() * 1e12) * 1e6
             row = {"batch_size": bsz, "op": name, "bytes": moved, "floor_us": floor_us}
-            for label, fn in (("fused", fused), ("unfused", unfused), ("two_launch", (two_launch or [None])[0])):
+            two = two_launch[0] if two_launch else None
+            for label, fn in (("fused", fused), ("unfused", unfused), ("two_launch", two)):
                 if fn is not None:
                     us = time_graph(fn, calls, args.replays) * 1e3
                     row[f"{label}_us"], row[f"{label}_floor_fraction"] = us, floor_us / us

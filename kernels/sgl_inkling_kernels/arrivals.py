@@ -13,8 +13,9 @@ the same pointer serves every launch and every graph replay.
 
 The counters of one device are one zeroed buffer, allocated once outside CUDA-graph capture (the
 launchers' warm-up calls run first) and never freed, so a captured graph's pointer stays valid.
-Each call site takes its own region, so kernels of two sites never share a counter even if they
-ever ran on two streams at once.
+One user today (decode attention, one counter per sequence and KV head); kernels on one stream run
+one after another, so they may share it. A second user that can run beside it on another stream
+needs counters of its own.
 """
 
 from __future__ import annotations
@@ -23,25 +24,21 @@ import torch
 
 from sgl_inkling_kernels._triton import tl, triton
 
-REGION_SIZE = 1 << 14  # counters per call site: batch x KV heads of decode attention fits easily
-REGION_ATTENTION = 0  # decode_attention: one per (sequence, KV head)
-_REGIONS = 1
+CAPACITY = 1 << 14  # counters a device holds: batch x KV heads of decode attention fits easily
 
 _BUFFERS: dict[torch.device, torch.Tensor] = {}
 
 
-def counters(device: torch.device, n: int, region: int) -> torch.Tensor:
-    """n zeroed int32 counters of `region` on `device` (the same ones on every call)."""
-    if n > REGION_SIZE:
-        raise ValueError(f"arrivals: {n} counters asked for, a region holds {REGION_SIZE}")
+def counters(device: torch.device, n: int) -> torch.Tensor:
+    """The first n of `device`'s zeroed int32 counters (the same ones on every call)."""
+    if n > CAPACITY:
+        raise ValueError(f"arrivals: {n} counters asked for, a device holds {CAPACITY}")
     buf = _BUFFERS.get(device)
     if buf is None:
         if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            raise RuntimeError(
-                "arrivals: first use during CUDA-graph capture; warm the kernel up before capturing"
-            )
-        buf = _BUFFERS[device] = torch.zeros(_REGIONS * REGION_SIZE, dtype=torch.int32, device=device)
-    return buf[region * REGION_SIZE : region * REGION_SIZE + n]
+            raise RuntimeError("arrivals: first use during CUDA-graph capture; warm the kernel up before capturing")
+        buf = _BUFFERS[device] = torch.zeros(CAPACITY, dtype=torch.int32, device=device)
+    return buf[:n]
 
 
 @triton.jit

@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 
 from sgl_inkling_kernels._triton import dot_mode, interpreting, mm, next_pow2, require_triton, tl, triton
-from sgl_inkling_kernels.arrivals import REGION_ATTENTION, REGION_SIZE, arrive, counters
+from sgl_inkling_kernels.arrivals import CAPACITY, arrive, counters
 from sgl_inkling_kernels.attention_ref import paged_attention_ref
 
 # The in-kernel merge walks its group's splits a few at a time in one program, so it pays only for
@@ -228,8 +228,8 @@ def decode_attention(
     block_d = next_pow2(dim)
     if merge_in_kernel is None:
         merge_in_kernel = num_splits <= MERGE_IN_KERNEL_MAX_SPLITS
-    merge = merge_in_kernel and 0 < bsz * kv_heads <= REGION_SIZE  # past a region: the merge launch
-    counter = counters(q.device, bsz * kv_heads, REGION_ATTENTION) if merge else part_lse
+    merge = merge_in_kernel and 0 < bsz * kv_heads <= CAPACITY  # past the counters: the merge launch
+    counter = counters(q.device, bsz * kv_heads) if merge else part_lse
     _decode_split_kernel[(bsz, kv_heads, num_splits)](
         q, k_buf, v_buf, req_to_token, req_pool_indices, positions, rel, rel_table,
         tau if tau is not None else q, part_o, part_lse, counter, out,
@@ -276,9 +276,7 @@ def extend_as_decode_queries(
         positions = (prefix_lens[:, None] + torch.arange(width, device=dev)).view(-1)
         # Contiguous (the kernel reads rows[b] at unit stride): a copy unless width is 1.
         return req_pool_indices[:, None].expand(b, width).contiguous().view(-1), positions
-    seq = torch.repeat_interleave(
-        torch.arange(extend_lens.shape[0], device=dev), extend_lens, output_size=num_tokens
-    )
+    seq = torch.repeat_interleave(torch.arange(extend_lens.shape[0], device=dev), extend_lens, output_size=num_tokens)
     first = torch.cumsum(extend_lens, 0) - extend_lens
     positions = prefix_lens[seq] + torch.arange(num_tokens, device=dev) - first[seq]
     return req_pool_indices[seq], positions

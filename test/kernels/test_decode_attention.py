@@ -57,7 +57,7 @@ def test_decode_split_counts_agree(num_splits, merge_in_kernel):
     """Any split count gives the same answer, including splits that receive no keys, whether the
     last split program of each group merges it or a second launch does (12 splits: more than one
     chunk of the in-kernel merge)."""
-    from sgl_inkling_kernels.arrivals import REGION_ATTENTION, counters
+    from sgl_inkling_kernels.arrivals import counters
 
     heads, kv, dim, d_rel, extent, window = SHAPES[0]
     # 191: 192 keys over 12 splits of 16 keys, all used (the merge takes them 8 a step on the CPU)
@@ -66,7 +66,7 @@ def test_decode_split_counts_agree(num_splits, merge_in_kernel):
     got, want = _run(case, window, 1.0 / dim, num_splits=num_splits, merge_in_kernel=merge_in_kernel, block_n=16)
     torch.testing.assert_close(got, want, atol=2e-4, rtol=2e-4)
     # Every group's counter is back at rest for the next launch (or graph replay).
-    assert not counters(case.q.device, len(positions) * kv, REGION_ATTENTION).any()
+    assert not counters(case.q.device, len(positions) * kv).any()
 
 
 @pytest.mark.parametrize("shape", SHAPES)
