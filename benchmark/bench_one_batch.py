@@ -50,7 +50,7 @@ from sgl_inkling.models.inkling.slice_config import (  # noqa: E402
 from sgl_inkling.models.inkling.tiny import TINY_CONFIG  # noqa: E402
 from sgl_inkling.models.inkling.weights import init_dummy_weights  # noqa: E402
 from sgl_inkling.speculative.adaptive import PUBLIC_MTP8_CURVE  # noqa: E402
-from sgl_inkling_kernels._triton import kernel_dispatch  # noqa: E402
+from sgl_inkling_kernels._triton import kernel_dispatch, no_pdl  # noqa: E402
 
 BATCH_TENSORS = ("input_ids", "positions", "req_pool_indices", "prefix_lens", "extend_lens", "out_loc",
                  "out_loc_swa", "logits_indices")  # fmt: skip
@@ -493,9 +493,18 @@ def main(argv: list[str] | None = None) -> dict:
                    help="routed experts in NVFP4 (random codes and scales; W4A16 kernel on CUDA); default BF16")
     p.add_argument("--moe-build", default="", help="benchmark only: the CUDA NVFP4 MoE build choices, "
                    "'field=value,...' (benchmark/moe_build.py); default: the shipped one")
+    p.add_argument("--pdl", choices=("on", "off"), default="on",
+                   help="benchmark only: off launches every kernel without programmatic dependencies (the before)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--result-file", type=Path, default=None)
     args = p.parse_args(argv)
+    if args.pdl == "off":
+        with no_pdl():
+            return _main(args)
+    return _main(args)
+
+
+def _main(args: argparse.Namespace) -> dict:
     moe_build = dataclasses.asdict(apply_moe_build(args.moe_build))
     device = torch.device(args.device)
     cuda = device.type == "cuda"
@@ -550,6 +559,7 @@ def main(argv: list[str] | None = None) -> dict:
         "load_format": args.load_format,
         "routed_experts": expert_quant or str(dtype).removeprefix("torch."),
         "moe_cuda_build": moe_build if expert_quant else None,
+        "pdl": args.pdl,
         "bandwidth_bytes_per_s": peak_tb_s() * 1e12,
         "decode_steps": args.decode_steps,
         "warmup_steps": args.warmup_steps,

@@ -10,6 +10,7 @@ the same kernels on CPU tensors.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 from collections.abc import Iterator
 from typing import Any
@@ -104,6 +105,54 @@ def unfused_decode() -> Iterator[None]:
         yield
     finally:
         _FUSED_DECODE = saved
+
+
+_PDL = True  # programmatic dependent launches where the GPU has them (see `pdl_launch`)
+
+
+@functools.cache
+def _device_has_pdl(index: int) -> bool:
+    # Hopper and later, and a Triton that exposes grid dependency control.
+    try:
+        from triton.language.extra import cuda as extra_cuda
+    except ImportError:
+        return False
+    return torch.cuda.get_device_capability(index)[0] >= 9 and hasattr(extra_cuda, "gdc_wait")
+
+
+def pdl_launch(t: torch.Tensor) -> dict[str, bool]:
+    """Launch options of a decode-path kernel whose inputs live on t's device: `PDL` (its constexpr)
+    and, where the GPU has them, `launch_pdl`. In a decode step replayed from a CUDA graph each launch
+    boundary costs about 1 us (the next kernel is launched only when the last program of this one has
+    drained); launched as a programmatic dependent, a kernel's programs are resident before its
+    predecessor ends and wait in `pdl_wait`, which returns once that predecessor has finished and its
+    writes are visible. Every kernel launched so calls `pdl_wait` before its first memory access, so
+    ordering stays transitive: a kernel two launches back has finished before the previous one passed
+    its own wait."""
+    on = HAS_TRITON and _PDL and t.is_cuda and not interpreting() and _device_has_pdl(t.device.index or 0)
+    return {"PDL": True, "launch_pdl": True} if on else {"PDL": False}
+
+
+@contextlib.contextmanager
+def no_pdl() -> Iterator[None]:
+    """Within the block, kernels launch without programmatic dependencies (benchmarks' "before";
+    graphs captured inside keep that)."""
+    global _PDL
+    saved, _PDL = _PDL, False
+    try:
+        yield
+    finally:
+        _PDL = saved
+
+
+@triton.jit
+def pdl_wait(PDL: tl.constexpr):
+    """First statement of a kernel launched with `pdl_launch`: wait until the previous kernel on the
+    stream has finished (its writes visible), then let the next one launch (its programs become
+    resident and wait in turn). Nothing without PDL."""
+    if PDL:
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
 
 
 def require_triton() -> None:

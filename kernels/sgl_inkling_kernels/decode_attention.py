@@ -18,7 +18,17 @@ from __future__ import annotations
 
 import torch
 
-from sgl_inkling_kernels._triton import dot_mode, interpreting, mm, next_pow2, require_triton, tl, triton
+from sgl_inkling_kernels._triton import (
+    dot_mode,
+    interpreting,
+    mm,
+    next_pow2,
+    pdl_launch,
+    pdl_wait,
+    require_triton,
+    tl,
+    triton,
+)
 from sgl_inkling_kernels.arrivals import CAPACITY, arrive, counters
 from sgl_inkling_kernels.attention_ref import paged_attention_ref
 
@@ -42,8 +52,9 @@ def _decode_split_kernel(
     G: tl.constexpr, BLOCK_G: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
     R: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr,
     HAS_TAU: tl.constexpr, HAS_WINDOW: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr,
-    MERGE: tl.constexpr, BLOCK_GM: tl.constexpr, SPLIT_CHUNK: tl.constexpr,
+    MERGE: tl.constexpr, BLOCK_GM: tl.constexpr, SPLIT_CHUNK: tl.constexpr, PDL: tl.constexpr = False,
 ):  # fmt: skip
+    pdl_wait(PDL)
     b = tl.program_id(0)
     kh = tl.program_id(1)
     split = tl.program_id(2)
@@ -155,8 +166,9 @@ def _merge_group(
 @triton.jit(do_not_specialize=["num_splits"])  # see _decode_split_kernel
 def _decode_merge_kernel(
     PartO, PartLse, Out, stride_ob, num_splits,
-    D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr,
+    D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr, PDL: tl.constexpr = False,
 ):  # fmt: skip
+    pdl_wait(PDL)
     b = tl.program_id(0)
     h = tl.program_id(1)
     offs_s = tl.arange(0, BLOCK_S)
@@ -240,14 +252,14 @@ def decode_attention(
         BLOCK_R=next_pow2(d_rel, 16), BLOCK_N=block_n,
         HAS_TAU=tau is not None, HAS_WINDOW=window is not None, UPCAST=upcast, PREC=prec,
         MERGE=merge, BLOCK_GM=next_pow2(groups), SPLIT_CHUNK=4 if groups > 4 else 8,
-        num_warps=num_warps, num_stages=num_stages,
+        num_warps=num_warps, num_stages=num_stages, **pdl_launch(q),
     )  # fmt: skip
     if merge:
         return out
     _decode_merge_kernel[(bsz, heads)](
         part_o, part_lse, out, out.stride(0), num_splits,
         D=dim, BLOCK_D=block_d, BLOCK_S=next_pow2(num_splits, 64),  # 64: one compile for every split count
-        num_warps=4,
+        num_warps=4, **pdl_launch(q),
     )  # fmt: skip
     return out
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from sgl_inkling_kernels._triton import interpreting, next_pow2, tl, triton
+from sgl_inkling_kernels._triton import interpreting, next_pow2, pdl_launch, pdl_wait, tl, triton
 
 
 @dataclass(frozen=True)
@@ -45,7 +45,8 @@ def slot_sum(Out, Ids, t, offs, ok, s_ot, s_os, num_experts, TOPK: tl.constexpr,
 
 @triton.jit
 def _sum_slots_kernel(Out, Ids, Y, s_ot, s_os, s_yt, H, num_experts,
-                      TOPK: tl.constexpr, SLOTS: tl.constexpr, BLOCK: tl.constexpr):  # fmt: skip
+                      TOPK: tl.constexpr, SLOTS: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr = False):  # fmt: skip
+    pdl_wait(PDL)
     t = tl.program_id(0)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     ok = offs < H
@@ -62,6 +63,6 @@ def sum_slots(slots: UnsummedSlots) -> torch.Tensor:
         block = min(next_pow2(h), 64 if interpreting() else 1024)
         _sum_slots_kernel[(t, triton.cdiv(h, block))](
             out, ids, y, out.stride(0), out.stride(1), y.stride(0), h, slots.num_experts,
-            TOPK=ids.shape[1], SLOTS=n_slots, BLOCK=block,
+            TOPK=ids.shape[1], SLOTS=n_slots, BLOCK=block, **pdl_launch(out),
         )  # fmt: skip
     return y

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from sgl_inkling_kernels._triton import next_pow2, require_triton, tl, triton
+from sgl_inkling_kernels._triton import next_pow2, pdl_launch, pdl_wait, require_triton, tl, triton
 from sgl_inkling_kernels.rmsnorm import rmsnorm_ref
 from sgl_inkling_kernels.sconv import sconv_ref
 
@@ -52,8 +52,9 @@ def _qkvr_epilogue_kernel(
     X, QNormW, KNormW, KConvW, VConvW, KState, VState, Rows, Q, Kout, Vout, Slots,
     stride_xb, stride_qb, stride_kb, stride_vb, stride_kss, stride_ksk, stride_vss, stride_vsk, eps,
     NH: tl.constexpr, NKV: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
-    K: tl.constexpr, BLOCK_K: tl.constexpr, TO_CACHE: tl.constexpr,
+    K: tl.constexpr, BLOCK_K: tl.constexpr, TO_CACHE: tl.constexpr, PDL: tl.constexpr = False,
 ):  # fmt: skip
+    pdl_wait(PDL)
     b = tl.program_id(0)
     j = tl.program_id(1)
     offs_d = tl.arange(0, BLOCK_D)
@@ -128,7 +129,7 @@ def qkvr_decode_epilogue(
             qkvr.stride(0), q.stride(0), k.stride(0), v.stride(0),
             k_state.stride(0), k_state.stride(1), v_state.stride(0), v_state.stride(1), float(eps),
             NH=nh, NKV=nkv, D=d, BLOCK_D=next_pow2(d), K=ksz, BLOCK_K=next_pow2(ksz - 1),
-            TO_CACHE=kv_cache is not None, num_warps=1,
+            TO_CACHE=kv_cache is not None, num_warps=1, **pdl_launch(qkvr),
         )  # fmt: skip
     return (q, None, None, rel) if kv_cache is not None else (q, k, v, rel)
 

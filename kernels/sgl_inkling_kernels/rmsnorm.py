@@ -8,15 +8,16 @@ from __future__ import annotations
 
 import torch
 
-from sgl_inkling_kernels._triton import next_pow2, require_triton, tl, triton
+from sgl_inkling_kernels._triton import next_pow2, pdl_launch, pdl_wait, require_triton, tl, triton
 
 
 @triton.jit
 def _rmsnorm_kernel(
     X, Res, W, Out, ResOut,
     stride_x, stride_r, stride_o, stride_ro, N, eps,
-    HAS_RES: tl.constexpr, BLOCK: tl.constexpr,
+    HAS_RES: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr = False,
 ):  # fmt: skip
+    pdl_wait(PDL)
     row = tl.program_id(0)
     offs = tl.arange(0, BLOCK)
     ok = offs < N
@@ -53,7 +54,7 @@ def _launch(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor
             x2, res2 if res2 is not None else x2, weight, out, res_out if res_out is not None else out,
             x2.stride(0), res2.stride(0) if res2 is not None else 0, out.stride(0),
             res_out.stride(0) if res_out is not None else 0, n, float(eps),
-            HAS_RES=residual is not None, BLOCK=block, num_warps=min(16, max(1, block // 512)),
+            HAS_RES=residual is not None, BLOCK=block, num_warps=min(16, max(1, block // 512)), **pdl_launch(x),
         )  # fmt: skip
     return out.view(x.shape), (res_out.view(x.shape) if res_out is not None else None)
 

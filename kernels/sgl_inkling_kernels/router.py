@@ -22,7 +22,15 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from sgl_inkling_kernels._triton import interpreting, next_pow2, require_triton, tl, triton
+from sgl_inkling_kernels._triton import (
+    interpreting,
+    next_pow2,
+    pdl_launch,
+    pdl_wait,
+    require_triton,
+    tl,
+    triton,
+)
 from sgl_inkling_kernels.fused_moe import SMALL_ALIGN_PAIRS, Alignment, align_blocks, align_small
 
 
@@ -82,7 +90,9 @@ def _router_kernel(
     stride_lt, stride_lp, route_scale,
     E: tl.constexpr, S: tl.constexpr, TOPK: tl.constexpr, PARTS: tl.constexpr,
     BLOCK_E: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_K: tl.constexpr, ROUND: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):  # fmt: skip
+    pdl_wait(PDL)
     _route_token(Logits, Bias, GlobalScale, Ids, Weights, SharedWeights, tl.program_id(0), stride_lt, stride_lp,
                  route_scale, E, S, TOPK, PARTS, BLOCK_E, BLOCK_S, BLOCK_K, ROUND)  # fmt: skip
 
@@ -93,10 +103,11 @@ def _route_align_kernel(
     T, stride_lt, stride_lp, route_scale, max_blocks,
     E: tl.constexpr, S: tl.constexpr, TOPK: tl.constexpr, PARTS: tl.constexpr,
     BLOCK_E: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_K: tl.constexpr, ROUND: tl.constexpr,
-    BLOCK_M: tl.constexpr, P: tl.constexpr,
+    BLOCK_M: tl.constexpr, P: tl.constexpr, PDL: tl.constexpr = False,
 ):  # fmt: skip
     """_router_kernel for each of the T tokens, then moe_align's layout of their ids (align_small), in
     one program: a small decode batch's routing and alignment in one launch instead of two."""
+    pdl_wait(PDL)
     for t in range(0, T):
         _route_token(Logits, Bias, GlobalScale, Ids, Weights, SharedWeights, t, stride_lt, stride_lp, route_scale,
                      E, S, TOPK, PARTS, BLOCK_E, BLOCK_S, BLOCK_K, ROUND)  # fmt: skip
@@ -140,7 +151,7 @@ def route(
     # each also waits on shared memory and a barrier (Inkling's 256 experts are 8 a lane).
     _router_kernel[(t,)](
         parts, bias.float(), global_scale, ids, weights, shared, parts.stride(1), parts.stride(0),
-        float(route_scale), **meta, num_warps=1 if meta["BLOCK_E"] <= 256 else 4,
+        float(route_scale), **meta, num_warps=1 if meta["BLOCK_E"] <= 256 else 4, **pdl_launch(parts),
     )  # fmt: skip
     return ids, weights, shared
 
@@ -171,6 +182,7 @@ def route_aligned(
     _route_align_kernel[(1,)](
         parts, bias.float(), global_scale, ids, weights, shared, pairs, block_expert, t, parts.stride(1),
         parts.stride(0), float(route_scale), blocks, **meta, BLOCK_M=block_m, P=next_pow2(n_pairs, 8), num_warps=1,
+        **pdl_launch(parts),
     )  # fmt: skip
     return ids, weights, shared, Alignment(pairs, block_expert, block_m)
 
@@ -179,13 +191,14 @@ def route_aligned(
 def _router_gemv_kernel(
     X, W, Out, N, H,
     stride_xt, stride_wn, stride_op, stride_ot, chunk,
-    BLOCK_N: tl.constexpr, BLOCK_H: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_H: tl.constexpr, PDL: tl.constexpr = False,
 ):  # fmt: skip
     """Out[p, t, n] = sum over this program's share p of the hidden dim of x[t, h] * w[n, h], fp32.
 
     One token a program, products on the CUDA cores into a [BLOCK_N, BLOCK_H] accumulator reduced
     once at the end: no tl.dot (an IEEE fp32 dot is emulated: 22 us a call for 6 MB of weights at
     batch 1) and no 3D broadcast (a layout conversion through shared memory every step)."""
+    pdl_wait(PDL)
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     part = tl.program_id(1)
     t = tl.program_id(2)
@@ -224,7 +237,7 @@ def router_logits_split(x: torch.Tensor, weight: torch.Tensor, parts: int | None
     if t:
         _router_gemv_kernel[(triton.cdiv(n, block_n), parts, t)](
             x, weight, out, n, h, x.stride(0), weight.stride(0), out.stride(0), out.stride(1), chunk,
-            BLOCK_N=block_n, BLOCK_H=block_h, num_warps=4,
+            BLOCK_N=block_n, BLOCK_H=block_h, num_warps=4, **pdl_launch(x),
         )  # fmt: skip
     return out
 

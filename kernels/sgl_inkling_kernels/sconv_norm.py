@@ -22,7 +22,15 @@ from __future__ import annotations
 
 import torch
 
-from sgl_inkling_kernels._triton import interpreting, next_pow2, require_triton, tl, triton
+from sgl_inkling_kernels._triton import (
+    interpreting,
+    next_pow2,
+    pdl_launch,
+    pdl_wait,
+    require_triton,
+    tl,
+    triton,
+)
 from sgl_inkling_kernels.moe_slots import UnsummedSlots, slot_sum
 from sgl_inkling_kernels.rmsnorm import fused_add_rmsnorm_ref
 from sgl_inkling_kernels.sconv import sconv_ref
@@ -33,10 +41,11 @@ def _sconv_add_kernel(
     X, ConvW, State, Rows, Res, Summed, SumSq, Ids,
     stride_xb, stride_ss, stride_sk, stride_rb, stride_sb, stride_xs, C, num_experts,
     HAS_NORM: tl.constexpr, K: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_C: tl.constexpr,
-    TOPK: tl.constexpr, SLOTS: tl.constexpr,
+    TOPK: tl.constexpr, SLOTS: tl.constexpr, PDL: tl.constexpr = False,
 ):  # fmt: skip
     """SLOTS > 0: X is a MoE's slots [B, SLOTS, C] (moe_slots.UnsummedSlots, routed ids in Ids), summed
     here and rounded to the output dtype, as sum_slots would have stored them."""
+    pdl_wait(PDL)
     b = tl.program_id(0)
     blk = tl.program_id(1)
     row = tl.load(Rows + b)
@@ -70,8 +79,9 @@ def _sconv_add_kernel(
 @triton.jit
 def _rmsnorm_blocks_kernel(
     Summed, SumSq, NormW, Normed, stride_sb, stride_nb, C, eps,
-    BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr, PDL: tl.constexpr = False,
 ):  # fmt: skip
+    pdl_wait(PDL)
     b = tl.program_id(0)
     n_blocks = tl.num_programs(1)
     offs_n = tl.arange(0, BLOCK_N)
@@ -128,11 +138,12 @@ def _launch(x, conv_w, state, rows, residual, norm_w, eps):
             xs.stride(1) if slots is not None else 0, c, slots.num_experts if slots is not None else 0,
             HAS_NORM=normed is not None, K=k, BLOCK_K=next_pow2(k - 1), BLOCK_C=bc, num_warps=4,
             TOPK=ids.shape[1] if slots is not None else 0, SLOTS=xs.shape[1] if slots is not None else 0,
+            **pdl_launch(residual),
         )  # fmt: skip
         if normed is not None:
             _rmsnorm_blocks_kernel[(bsz, n_blocks)](
                 summed, sumsq, norm_w, normed, summed.stride(0), normed.stride(0), c, float(eps),
-                BLOCK_N=next_pow2(n_blocks), BLOCK_C=bc, num_warps=4,
+                BLOCK_N=next_pow2(n_blocks), BLOCK_C=bc, num_warps=4, **pdl_launch(residual),
             )  # fmt: skip
     return normed, summed
 
