@@ -43,6 +43,59 @@ MERGE_IN_KERNEL_MAX_SPLITS = 8
 # the partial buffers' strides, which it would be a factor of, are not passed: both kernels index
 # the contiguous [B, heads, splits, (D)] buffers from it, with D constexpr (so the partial outputs
 # keep D's divisibility for vector stores) and `heads` fixed by the model.
+@triton.jit
+def _split_range(Pos, ReqIdx, b, split, window, num_splits, HAS_WINDOW: tl.constexpr, BLOCK_N: tl.constexpr):
+    """(t, row, start, end, used): the query's position (it attends to keys 0..t, or the window's), its
+    req_to_token row, the BLOCK_N-aligned share [start, end) of the keys this split takes, and how
+    many splits hold keys (trailing splits may get nothing)."""
+    t = tl.load(Pos + b)
+    row = tl.load(ReqIdx + b)
+    lo = 0
+    if HAS_WINDOW:
+        lo = tl.maximum(t - window + 1, 0)
+    hi = t + 1
+    share = tl.cdiv(tl.cdiv(hi - lo, num_splits), BLOCK_N) * BLOCK_N
+    start = lo + split * share
+    return t, row, start, tl.minimum(start + share, hi), tl.cdiv(hi - lo, share)
+
+
+@triton.jit
+def _key_block(K, V, ReqToTok, Table, row, kh, t, s0, end, extent, stride_ks, stride_kh, stride_vs, stride_vh,
+               stride_rt, stride_tab, offs_d, d_ok, offs_r, r_ok, BLOCK_N: tl.constexpr):  # fmt: skip
+    """Keys, values and relative-bias table columns of the block of key positions s0..s0+BLOCK_N."""
+    offs_n = s0 + tl.arange(0, BLOCK_N)
+    n_ok = offs_n < end
+    slots = tl.load(ReqToTok + row * stride_rt + offs_n, mask=n_ok, other=0)
+    k = tl.load(K + slots[:, None] * stride_ks + kh * stride_kh + offs_d[None, :],
+                mask=n_ok[:, None] & d_ok[None, :], other=0.0)  # fmt: skip
+    v = tl.load(V + slots[:, None] * stride_vs + kh * stride_vh + offs_d[None, :],
+                mask=n_ok[:, None] & d_ok[None, :], other=0.0)  # fmt: skip
+    dist = t - offs_n  # the bias profile's columns at distances t - s
+    cols = tl.load(Table + offs_r[:, None] * stride_tab + dist[None, :],
+                   mask=r_ok[:, None] & (n_ok & (dist < extent))[None, :], other=0.0)  # fmt: skip
+    return k, v, cols, n_ok
+
+
+@triton.jit
+def _attend_block(q, rel, k, v, cols, n_ok, m_i, l_i, acc, qk_scale, bias_scale, UPCAST: tl.constexpr,
+                  PREC: tl.constexpr):  # fmt: skip
+    """One block of keys into the running (max, sum, output) of the online softmax, in log2 units."""
+    qk = mm(q, tl.trans(k), UPCAST, PREC)  # [BLOCK_G, BLOCK_N]
+    bias = mm(rel, cols.to(rel.dtype), UPCAST, PREC)
+    s = qk * qk_scale + bias * bias_scale
+    s = tl.where(n_ok[None, :], s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(s - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None] + mm(p.to(v.dtype), v, UPCAST, PREC)
+    return m_new, l_i, acc
+
+
+# The split count varies with the batch (and the GPU's SM count), so it is never specialised on, and
+# the partial buffers' strides, which it would be a factor of, are not passed: both kernels index
+# the contiguous [B, heads, splits, (D)] buffers from it, with D constexpr (so the partial outputs
+# keep D's divisibility for vector stores) and `heads` fixed by the model.
 @triton.jit(do_not_specialize=["num_splits"])
 def _decode_split_kernel(
     Q, K, V, ReqToTok, ReqIdx, Pos, Rel, Table, Tau, PartO, PartLse, Counters, Out,
@@ -53,23 +106,15 @@ def _decode_split_kernel(
     R: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr,
     HAS_TAU: tl.constexpr, HAS_WINDOW: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr,
     MERGE: tl.constexpr, BLOCK_GM: tl.constexpr, SPLIT_CHUNK: tl.constexpr, PDL: tl.constexpr = False,
+    PREFETCH: tl.constexpr = False,
 ):  # fmt: skip
-    pdl_wait(PDL)
+    """PREFETCH (with PDL, decode steps only): the previous kernel on the stream writes this step's q and
+    the key and value at position t, nothing else this kernel reads but rel (see `decode_attention`), so
+    the split's range and its first block of keys load before `pdl_wait`, while that kernel still runs;
+    after it, only q, rel and the key and value at t (patched into the block) remain to load."""
     b = tl.program_id(0)
     kh = tl.program_id(1)
     split = tl.program_id(2)
-
-    t = tl.load(Pos + b)  # the query's absolute position; it attends to keys 0..t
-    row = tl.load(ReqIdx + b)
-    lo = 0
-    if HAS_WINDOW:
-        lo = tl.maximum(t - window + 1, 0)
-    hi = t + 1
-    # Each split takes a BLOCK_N-aligned share of [lo, hi); trailing splits may get nothing.
-    share = tl.cdiv(tl.cdiv(hi - lo, num_splits), BLOCK_N) * BLOCK_N
-    start = lo + split * share
-    end = tl.minimum(start + share, hi)
-
     offs_g = tl.arange(0, BLOCK_G)
     offs_d = tl.arange(0, BLOCK_D)
     offs_r = tl.arange(0, BLOCK_R)
@@ -77,6 +122,15 @@ def _decode_split_kernel(
     d_ok = offs_d < D
     r_ok = offs_r < R
     heads = kh * G + offs_g
+    if PREFETCH:
+        t, row, start, end, used = _split_range(Pos, ReqIdx, b, split, window, num_splits, HAS_WINDOW, BLOCK_N)
+        k0, v0, cols0, n_ok0 = _key_block(K, V, ReqToTok, Table, row, kh, t, start, end, extent, stride_ks, stride_kh,
+                                          stride_vs, stride_vh, stride_rt, stride_tab, offs_d, d_ok, offs_r, r_ok,
+                                          BLOCK_N)  # fmt: skip
+        slot_t = tl.load(ReqToTok + row * stride_rt + t)
+    pdl_wait(PDL)
+    if not PREFETCH:
+        t, row, start, end, used = _split_range(Pos, ReqIdx, b, split, window, num_splits, HAS_WINDOW, BLOCK_N)
     q = tl.load(Q + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :],
                 mask=g_ok[:, None] & d_ok[None, :], other=0.0)  # fmt: skip
     rel = tl.load(Rel + b * stride_relb + heads[:, None] * stride_relh + offs_r[None, :],
@@ -90,28 +144,23 @@ def _decode_split_kernel(
     m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_G], tl.float32)
     acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
-    for s0 in range(start, end, BLOCK_N):
-        offs_n = s0 + tl.arange(0, BLOCK_N)
-        n_ok = offs_n < end
-        slots = tl.load(ReqToTok + row * stride_rt + offs_n, mask=n_ok, other=0)
-        k = tl.load(K + slots[:, None] * stride_ks + kh * stride_kh + offs_d[None, :],
-                    mask=n_ok[:, None] & d_ok[None, :], other=0.0)  # fmt: skip
-        v = tl.load(V + slots[:, None] * stride_vs + kh * stride_vh + offs_d[None, :],
-                    mask=n_ok[:, None] & d_ok[None, :], other=0.0)  # fmt: skip
-        qk = mm(q, tl.trans(k), UPCAST, PREC)  # [BLOCK_G, BLOCK_N]
-        # Relative bias: the table columns at distances t - s, then r @ columns.
-        dist = t - offs_n
-        cols = tl.load(Table + offs_r[:, None] * stride_tab + dist[None, :],
-                       mask=r_ok[:, None] & (n_ok & (dist < extent))[None, :], other=0.0)  # fmt: skip
-        bias = mm(rel, cols.to(rel.dtype), UPCAST, PREC)
-        s = qk * qk_scale + bias * bias_scale
-        s = tl.where(n_ok[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + mm(p.to(v.dtype), v, UPCAST, PREC)
-        m_i = m_new
+    first = start
+    if PREFETCH:
+        # The key and value at t, written by the previous kernel: patched in where the block holds t.
+        k_t = tl.load(K + slot_t * stride_ks + kh * stride_kh + offs_d, mask=d_ok, other=0.0)
+        v_t = tl.load(V + slot_t * stride_vs + kh * stride_vh + offs_d, mask=d_ok, other=0.0)
+        fresh = (start + tl.arange(0, BLOCK_N)) == t
+        k0 = tl.where(fresh[:, None], k_t[None, :], k0)
+        v0 = tl.where(fresh[:, None], v_t[None, :], v0)
+        if start < end:
+            m_i, l_i, acc = _attend_block(q, rel, k0, v0, cols0, n_ok0, m_i, l_i, acc, qk_scale, bias_scale, UPCAST,
+                                          PREC)  # fmt: skip
+        first = start + BLOCK_N
+    for s0 in range(first, end, BLOCK_N):
+        k, v, cols, n_ok = _key_block(K, V, ReqToTok, Table, row, kh, t, s0, end, extent, stride_ks, stride_kh,
+                                      stride_vs, stride_vh, stride_rt, stride_tab, offs_d, d_ok, offs_r, r_ok,
+                                      BLOCK_N)  # fmt: skip
+        m_i, l_i, acc = _attend_block(q, rel, k, v, cols, n_ok, m_i, l_i, acc, qk_scale, bias_scale, UPCAST, PREC)
 
     # An empty split reports lse = -inf and zeros; stage 2 gives it no weight.
     has_keys = l_i > 0
@@ -122,7 +171,7 @@ def _decode_split_kernel(
     tl.store(PartLse + part, lse, mask=g_ok)
     if MERGE:
         if arrive(Counters + b * tl.num_programs(1) + kh, num_splits):
-            _merge_group(PartO, PartLse, Out, b, kh, heads_total, num_splits, tl.cdiv(hi - lo, share), stride_ob,
+            _merge_group(PartO, PartLse, Out, b, kh, heads_total, num_splits, used, stride_ob,
                          G, BLOCK_GM, D, BLOCK_D, SPLIT_CHUNK)  # fmt: skip
 
 
@@ -214,11 +263,16 @@ def decode_attention(
     num_warps: int = 4,
     num_stages: int = 2,
     merge_in_kernel: bool | None = None,
+    one_new_key: bool = False,
 ) -> torch.Tensor:
     """Attention output [B, heads * head_dim] in q's dtype. No host synchronisation. num_warps /
     num_stages: the split kernel's launch; merge_in_kernel: the merge by the last split program
     (True) or a second launch (False), default by the split count (benchmark sweeps and tests; serving
-    takes the defaults)."""
+    takes the defaults). one_new_key: the caller's word that the kernel launched just before this one
+    wrote, of what this call reads, only q, rel, tau and each sequence's key and value at its own
+    position (a decode step: the q/k/v/r epilogue or the KV store came last); with programmatic
+    dependent launches the keys then start loading before that kernel ends (PREFETCH; under the
+    interpreter too, where nothing runs concurrently, so CPU tests cover its arithmetic)."""
     require_triton()
     bsz, heads, dim = q.shape
     kv_heads = k_buf.shape[1]
@@ -242,6 +296,7 @@ def decode_attention(
         merge_in_kernel = num_splits <= MERGE_IN_KERNEL_MAX_SPLITS
     merge = merge_in_kernel and 0 < bsz * kv_heads <= CAPACITY  # past the counters: the merge launch
     counter = counters(q.device, bsz * kv_heads) if merge else part_lse
+    pdl = pdl_launch(q)
     _decode_split_kernel[(bsz, kv_heads, num_splits)](
         q, k_buf, v_buf, req_to_token, req_pool_indices, positions, rel, rel_table,
         tau if tau is not None else q, part_o, part_lse, counter, out,
@@ -252,14 +307,14 @@ def decode_attention(
         BLOCK_R=next_pow2(d_rel, 16), BLOCK_N=block_n,
         HAS_TAU=tau is not None, HAS_WINDOW=window is not None, UPCAST=upcast, PREC=prec,
         MERGE=merge, BLOCK_GM=next_pow2(groups), SPLIT_CHUNK=4 if groups > 4 else 8,
-        num_warps=num_warps, num_stages=num_stages, **pdl_launch(q),
+        num_warps=num_warps, num_stages=num_stages, PREFETCH=one_new_key and (pdl["PDL"] or interpreting()), **pdl,
     )  # fmt: skip
     if merge:
         return out
     _decode_merge_kernel[(bsz, heads)](
         part_o, part_lse, out, out.stride(0), num_splits,
         D=dim, BLOCK_D=block_d, BLOCK_S=next_pow2(num_splits, 64),  # 64: one compile for every split count
-        num_warps=4, **pdl_launch(q),
+        num_warps=4, **pdl,
     )  # fmt: skip
     return out
 

@@ -43,17 +43,21 @@ else:
 @pytest.mark.parametrize("shape", SHAPES)
 @pytest.mark.parametrize("positions", LENS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_decode_matches_reference(shape, positions, dtype):
+@pytest.mark.parametrize("one_new_key", [False, True])
+def test_decode_matches_reference(shape, positions, dtype, one_new_key):
+    """one_new_key: a decode step's launch, whose first key block loads ahead (PREFETCH) and takes the
+    key and value at the query's position afterwards (under the interpreter the same arithmetic)."""
     heads, kv, dim, d_rel, extent, window = shape
     case = make_case(positions, [1] * len(positions), heads, kv, dim, d_rel, extent,
                      with_tau=window is None, dtype=dtype, device=DEVICE, seed=sum(positions))  # fmt: skip
-    got, want = _run(case, window, 1.0 / dim**0.5)
+    got, want = _run(case, window, 1.0 / dim**0.5, one_new_key=one_new_key)
     torch.testing.assert_close(got.float(), want.float(), atol=TOL[dtype], rtol=TOL[dtype])
 
 
 @pytest.mark.parametrize("merge_in_kernel", [True, False])
 @pytest.mark.parametrize("num_splits", [1, 3, 7, 12])
-def test_decode_split_counts_agree(num_splits, merge_in_kernel):
+@pytest.mark.parametrize("one_new_key", [False, True])
+def test_decode_split_counts_agree(num_splits, merge_in_kernel, one_new_key):
     """Any split count gives the same answer, including splits that receive no keys, whether the
     last split program of each group merges it or a second launch does (12 splits: more than one
     chunk of the in-kernel merge)."""
@@ -63,7 +67,8 @@ def test_decode_split_counts_agree(num_splits, merge_in_kernel):
     # 191: 192 keys over 12 splits of 16 keys, all used (the merge takes them 8 a step on the CPU)
     positions = [2, 19, 191] if not CUDA else [2, 300, 2500]
     case = make_case(positions, [1] * len(positions), heads, kv, dim, d_rel, extent, True, torch.float32, DEVICE)
-    got, want = _run(case, window, 1.0 / dim, num_splits=num_splits, merge_in_kernel=merge_in_kernel, block_n=16)
+    got, want = _run(case, window, 1.0 / dim, num_splits=num_splits, merge_in_kernel=merge_in_kernel, block_n=16,
+                     one_new_key=one_new_key)  # fmt: skip
     torch.testing.assert_close(got, want, atol=2e-4, rtol=2e-4)
     # Every group's counter is back at rest for the next launch (or graph replay).
     assert not counters(case.q.device, len(positions) * kv).any()

@@ -83,7 +83,9 @@ class TritonBackend(AttentionBackend):
             pool.write(spec.layer_id, batch.out_loc_swa if spec.sliding else batch.out_loc, k, v)
         k_buf, v_buf = pool.buffers(spec.layer_id)
         if batch.mode is ForwardMode.DECODE:
-            return self._decode(q, k_buf, v_buf, table, batch.req_pool_indices, batch.positions, rel, rel_table, tau, spec)
+            return self._decode(
+                q, k_buf, v_buf, table, batch.req_pool_indices, batch.positions, rel, rel_table, tau, spec, True
+            )
         if self._long is None and self._as_decode is not None:
             return self._decode(q, k_buf, v_buf, table, *self._as_decode, rel, rel_table, tau, spec)
         rows, prefix_lens, extend_lens, q_start = self._long or (
@@ -101,10 +103,12 @@ class TritonBackend(AttentionBackend):
             )  # fmt: skip
         return out
 
-    def _decode(self, q, k_buf, v_buf, table, rows, positions, rel, rel_table, tau, spec: AttnLayerSpec):
+    def _decode(self, q, k_buf, v_buf, table, rows, positions, rel, rel_table, tau, spec: AttnLayerSpec, step=False):
+        """step: a decode step, whose last kernel before this wrote only q and each sequence's new key and
+        value (decode_attention's one_new_key); not the extend's tokens taken as decode queries."""
         max_keys = spec.window if spec.window is not None else table.shape[1]
         splits = default_num_splits(q.shape[0], spec.num_kv_heads, max_keys, self.block_n, self.num_sms)
         return decode_attention(
             q, k_buf, v_buf, table, rows, positions, rel, rel_table, tau,
-            spec.scaling, spec.window, num_splits=splits, block_n=self.block_n,
+            spec.scaling, spec.window, num_splits=splits, block_n=self.block_n, one_new_key=step,
         )  # fmt: skip
