@@ -30,7 +30,7 @@ want() { [[ " $STAGES " == *" $1 "* ]]; }
 # The MoE build sweep: the shipped default (sinks on a side stream, two routed launches, the cp.async
 # row ring of 3 stages, copies of whole 128-byte row spans, read by the lean loop in CTAs of 2 warps)
 # beside the build it replaced (4 warps, 4 stages, the generic loop).
-SWEEP=(default "c:1,4,8,256,4,1,0,8,1,1,1,0,4,0,1")
+SWEEP=(default "c:1,4,8,256,4,1,0,8,1,1,1,8,4,0,1")
 # SWEEP_SPECS (space-separated) replaces it, e.g. SWEEP_SPECS=default for the shipped build alone.
 [ -n "${SWEEP_SPECS:-}" ] && read -r -a SWEEP <<< "$SWEEP_SPECS"
 # Every CUDA MoE library the tests and the sweep load, built in parallel first.

@@ -18,7 +18,7 @@ nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --f
 # The MoE builds: the shipped default (the lean row ring of 3 stages, 2 warps), the build before it (4
 # warps, 4 stages, the generic loop) and the chunk ring (row_ring=0) (c: specs: every CudaTiles field,
 # bench_moe_nvfp4.py); every library the tests and these load is built first.
-SWEEP=(default "c:1,4,8,256,4,1,0,8,1,1,1,0,4,0,1" "c:1,4,8,256,2,1,0,8,1,1,1,0,0,1,1")
+SWEEP=(default "c:1,4,8,256,4,1,0,8,1,1,1,8,4,0,1" "c:1,4,8,256,2,1,0,8,1,1,1,8,0,1,1")
 TILES="${TILES:-${SWEEP[*]}}"
 # shellcheck disable=SC2086  # the list is split on purpose
 stage prebuild 60 "$PY" benchmark/prebuild_cuda.py $TILES

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import torch
 
+from sgl_inkling_kernels._triton import pdl_launch
 from sgl_inkling_kernels.cuda_build import load_cuda_library
 from sgl_inkling_kernels.fused_moe import Alignment, moe_align
 from sgl_inkling_kernels.sink_gemv import MAX_TOKENS as GEMV_MAX_TOKENS
@@ -45,8 +46,8 @@ class CudaTiles:
     registers); one_launch_max, the largest batch that default_cuda_tiles gives one launch for sinks
     and routed blocks whatever split_sinks says; sink_stream, the BF16 sinks through cuBLAS on a side
     stream at every batch, concurrent with the routed launches (kernel_sink_max is then unused); pdl,
-    the down launch as a programmatic dependent launch that starts streaming its weights while the
-    gate/up launch finishes (Hopper); row_ring, stages of a per-warp shared-memory ring whose copies
+    up to this many tokens (0: never; any other value builds it in) the down launch as a programmatic
+    dependent launch that starts streaming its weights while the gate/up launch finishes (Hopper); row_ring, stages of a per-warp shared-memory ring whose copies
     cover whole 128-byte row spans (two chunks a stage) in place of the cp.async chunk ring and the
     register ring (0: off, cp_async and depth then pick between those two). The row ring copies 8-byte
     scale segments: scale tensors without 8-byte aligned rows take the chunk ring (ring_for); lean, the
@@ -69,7 +70,10 @@ class CudaTiles:
     # H200 at 9d18659: the sinks on a side stream beat every in-kernel choice at batch 1 and 8 (146.6
     # and 603.5 us against 150.8 and 619.9 for the one-launch / split default) and tie at 64.
     sink_stream: int = 1
-    pdl: int = 0
+    # H200 at 07e7170 with the Triton decode kernels launched as programmatic dependents (pdl_launch),
+    # trunk layer ms from CUDA graphs: pdl at every batch 0.1979-0.1992 / 0.5352 / 1.9926 at batch 1 / 8 /
+    # 64 against 0.1997-0.2010 / 0.5344 / 1.9357 without (results/diagnostics/pdl_07e7170): on up to 8.
+    pdl: int = 8
     # H200 at 057268b, routed only, us at batch 1 / 8 / 64: the two launches 99 / 535 / 2550, one resident
     # wave of CTAs streaming their tiles back to back (that commit's `persist`) 105 / 621 / 2815, and both
     # projections in one launch fed by a work queue (its `fused`) 112 / 637 / 3142: short CTAs win (both
@@ -125,7 +129,7 @@ class CudaTiles:
     def defines(self) -> tuple[tuple[str, int], ...]:
         names = ("MOE_L2_PREFETCH", "MOE_WARPS", "MOE_DUAL_ACC", "MOE_X_PREFETCH", "MOE_CP_ASYNC", "MOE_SPLIT_SINKS",
                  "MOE_PDL", "MOE_ROW_RING", "MOE_LEAN")  # fmt: skip
-        values = (self.l2, self.warps, self.dual_acc, self.x_prefetch, self.cp_async, self.split_sinks, self.pdl,
+        values = (self.l2, self.warps, self.dual_acc, self.x_prefetch, self.cp_async, self.split_sinks, int(self.pdl > 0),
                   self.row_ring, self.lean)  # fmt: skip
         return tuple(zip(names, values))
 
@@ -133,7 +137,7 @@ class CudaTiles:
 BUILD = CudaTiles()  # the depth, sink and build choices of the default tiles (nt comes from the batch)
 
 _I, _L, _P = ctypes.c_int, ctypes.c_int64, ctypes.c_void_p
-_ARGS = [_I] * 6 + [_P, _L, _P, _L, _L, _P, _L, _L, _P, _P, _L, _L, _P, _P, _P, _P, _L, _P, _L, _P, _L, _L] + [_I] * 6 + [_P]
+_ARGS = [_I] * 6 + [_P, _L, _P, _L, _L, _P, _L, _L, _P, _P, _L, _L, _P, _P, _P, _P, _L, _P, _L, _P, _L, _L] + [_I] * 7 + [_P]
 
 
 @functools.cache
@@ -147,7 +151,8 @@ def _library(defines: tuple[tuple[str, int], ...] = CudaTiles().defines()) -> ct
 
 
 def _launch(lib, up: bool, nt: int, rt: int, depth: int, block_lo: int, n_blocks: int, src, codes, scales, scale2,
-            sink, pairs, block_expert, w32, g32, act, out, n_pairs: int, t: int, k: int, n_sink_blocks: int) -> None:  # fmt: skip
+            sink, pairs, block_expert, w32, g32, act, out, n_pairs: int, t: int, k: int, n_sink_blocks: int,
+            pdl: bool) -> None:  # fmt: skip
     """One projection (see sgl_moe_w4a16 in the source); strides of the uint8 codes/scales in bytes."""
     if src.stride(1) != 1 or src.stride(0) % 8 or src.data_ptr() % 16:
         raise ValueError("moe_w4a16: activations must be bf16 rows starting on 16-byte boundaries")
@@ -159,7 +164,8 @@ def _launch(lib, up: bool, nt: int, rt: int, depth: int, block_lo: int, n_blocks
         sink.stride(1) if has_sink else 0, pairs.data_ptr(), block_expert.data_ptr(), w32.data_ptr(),
         g32.data_ptr() if g32.numel() else None, g32.stride(0) if g32.numel() else 0,
         act.data_ptr(), act.stride(0), out.data_ptr(), out.stride(0), out.stride(1),
-        codes.shape[1], src.shape[1], n_pairs, t, k, n_sink_blocks, torch.cuda.current_stream(src.device).cuda_stream,
+        codes.shape[1], src.shape[1], n_pairs, t, k, n_sink_blocks, int(pdl),
+        torch.cuda.current_stream(src.device).cuda_stream,
     )  # fmt: skip
     if rc:
         raise RuntimeError(f"moe_w4a16 launch failed: {lib.sgl_moe_w4a16_error(rc).decode()}")
@@ -297,6 +303,12 @@ def _side_stream(device: torch.device) -> torch.cuda.Stream:
     return torch.cuda.Stream(device)
 
 
+def pdl_for(tiles: CudaTiles, x: torch.Tensor) -> bool:
+    """Whether this call's gate/up and down launches run as programmatic dependents: up to tiles.pdl
+    tokens, where kernels launch so at all (_triton.pdl_launch: Hopper, not inside no_pdl)."""
+    return x.shape[0] <= tiles.pdl and pdl_launch(x)["PDL"]
+
+
 def ring_for(tiles: CudaTiles, s13: torch.Tensor, s2: torch.Tensor) -> CudaTiles:
     """The build that serves these scale tensors (uint8 views): the row ring copies 8-byte scale
     segments, so scales whose rows (start, expert or row stride) are not 8-byte aligned take the chunk
@@ -347,7 +359,7 @@ def moe_w4a16_decode(x, w13, s13, g13, w2, s2, g2, ids, weights, sw13, sw2, gam,
     g32 = gam.float() if in_kernel else w32.new_empty(0)
     sw13_, sw2_ = (sw13, sw2) if in_kernel else (x.new_empty(0), x.new_empty(0))
     n_routed = block_expert.shape[0]
-    common = (pairs, block_expert, w32, g32, act, out, n_pairs, t, k, n_sink_blocks)
+    common = (pairs, block_expert, w32, g32, act, out, n_pairs, t, k, n_sink_blocks, pdl_for(tiles, x))
     for up in (True, False):
         src, codes, scales, scale2, sink = (x, w13, s13, g13, sw13_) if up else (act, w2, s2, g2, sw2_)
         if in_kernel and nt_s == tiles.nt and tiles.row_tiles == 1:  # one launch: sink blocks, then routed ones

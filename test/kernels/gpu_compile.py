@@ -70,7 +70,7 @@ def _router_gemv(dt):
     return ("router", "_router_gemv_kernel", {"X": f"*{dt}", "W": "*fp32", "Out": "*fp32"}, consts, (), 4)
 
 
-def _split(dt, tau, merge=True):
+def _split(dt, tau, merge=True, prefetch=False):
     # tau: a full layer (8 heads a KV head); else a sliding one (4), as Inkling's.
     g = 8 if tau else 4
     ptr = {n: f"*{dt}" for n in ("Q", "K", "V", "Rel", "Table", "Out")}
@@ -78,7 +78,7 @@ def _split(dt, tau, merge=True):
                PartLse="*fp32", Counters="*i32" if merge else "*fp32")  # fmt: skip
     consts = dict(G=g, BLOCK_G=16, D=128, BLOCK_D=128, R=16, BLOCK_R=16, BLOCK_N=64, HAS_TAU=tau, HAS_WINDOW=not tau,
                   UPCAST=False, PREC="ieee" if dt == "fp32" else "tf32", MERGE=merge, BLOCK_GM=g,
-                  SPLIT_CHUNK=4 if g > 4 else 8)  # fmt: skip
+                  SPLIT_CHUNK=4 if g > 4 else 8, PREFETCH=prefetch)  # fmt: skip
     return ("decode_attention", "_decode_split_kernel", ptr, consts, ("scaling",), 4)
 
 
@@ -95,18 +95,22 @@ CASES = (
     + [_router(dt, aligned) for dt in ("bf16", "fp32") for aligned in (False, True)]
     + [_align_small(), _align_sorted()]
     + [_router_gemv(dt) for dt in ("bf16", "fp32")]
-    + [_split(dt, tau, merge) for dt in ("bf16", "fp32") for tau in (False, True) for merge in (True, False)]
+    + [_split(dt, tau, merge, pre) for dt in ("bf16", "fp32") for tau in (False, True) for merge in (True, False)
+       for pre in (False, True)]
     + [_merge()]
 )
 
 
 def compile_case(module, name, pointers, constexprs, floats, num_warps):
-    """Every parameter not a pointer, constexpr or float is an i32."""
+    """Every parameter not a pointer, constexpr or float is an i32; kernels with a PDL constexpr take
+    it on, as they launch on Hopper (pdl_launch)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
     kernel = getattr(importlib.import_module(f"sgl_inkling_kernels.{module}"), name)
+    if any(p.name == "PDL" for p in kernel.params):
+        constexprs = {**constexprs, "PDL": True}
     sig = {}
     for p in kernel.params:
         n = p.name

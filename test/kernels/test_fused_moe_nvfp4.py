@@ -260,10 +260,12 @@ CUDA_CASES = [
     # the sinks through cuBLAS on a side stream, concurrent with the routed launches
     ((8, 2, 6, 6144, 3072, 1), CudaTiles(row_ring=0, nt=1, sink_stream=1)),
     ((33, 2, 6, 512, 256, 40), CudaTiles(row_ring=0, nt=1, sink_stream=1)),
-    # the down launch as a programmatic dependent launch (weights streamed before the gate/up grid ends)
+    # the down launch as a programmatic dependent launch (weights streamed before the gate/up grid ends),
+    # also past the batches the default takes it for (pdl: up to that many tokens)
     ((8, 2, 6, 6144, 3072, 1), CudaTiles(row_ring=0, nt=1, pdl=1)),
-    ((17, 2, 6, 1024, 512, 100), CudaTiles(row_ring=0, nt=4, pdl=1, sink_stream=0, split_sinks=1)),
-    ((9, 1, 4, 256, 384, 5), CudaTiles(row_ring=0, nt=1, depth=2, x_prefetch=1, cp_async=0, pdl=1, sink_stream=0)),
+    ((17, 2, 6, 1024, 512, 100), CudaTiles(row_ring=0, nt=4, pdl=128, sink_stream=0, split_sinks=1)),
+    ((9, 1, 4, 256, 384, 5), CudaTiles(row_ring=0, nt=1, depth=2, x_prefetch=1, cp_async=0, pdl=8, sink_stream=0)),
+    ((8, 2, 6, 6144, 3072, 64), CudaTiles(pdl=0)),
     # the row ring's generic loop in CTAs of 4 warps (the default before the lean loop; copies of whole
     # 128-byte row spans): batch 1 and 64 at full width, the sinks in the kernel, 2 / 4 / 8 column tiles
     # (the ring clamped to the shared memory), odd chunk counts (H 640, I 384 as under TP 8: a half last
@@ -324,7 +326,7 @@ def test_cuda_decode_matches_reference(shape, tiles):
 
 
 @pytest.mark.skipif(not CUDA, reason="CUDA kernels")
-@pytest.mark.parametrize("pdl,row_ring,row_tiles", [(0, 0, 1), (1, 0, 1), (0, 4, 1), (0, 3, 2)],
+@pytest.mark.parametrize("pdl,row_ring,row_tiles", [(0, 0, 1), (128, 0, 1), (0, 4, 1), (0, 3, 2)],
                          ids=["chunk", "chunk-pdl", "row_ring", "pair"])  # fmt: skip
 def test_side_stream_sinks_replay_from_a_cuda_graph(pdl, row_ring, row_tiles):
     """The side-stream fork and join (and the programmatic launch edge, the row ring's copies, the

@@ -35,9 +35,9 @@ def test_c_spec_names_every_field_in_order():
     want = CudaTiles(nt=2, depth=8, kernel_sink_max=4, l2=128, warps=8, dual_acc=0, x_prefetch=1, cp_async=0,
                      split_sinks=0, one_launch_max=3, sink_stream=0, pdl=1, row_ring=3, lean=1)  # fmt: skip
     assert tiles == want and asm == [] and batches == [1, 8]
-    assert parse_tiles("c:1,4,8,256,2,1,0,8,1,1,1,0,3,1,1")[0] == CudaTiles(nt=1)  # the shipped build
-    assert parse_tiles("c:1,4,8,256,4,1,0,8,1,1,1,0,4,0,1")[0] == CudaTiles(nt=1, warps=4, row_ring=4, lean=0)
-    assert parse_tiles("c:1,4,8,256,2,1,0,8,1,1,1,0,3,1,2")[0] == CudaTiles(nt=1, row_tiles=2)
+    assert parse_tiles("c:1,4,8,256,2,1,0,8,1,1,1,8,3,1,1")[0] == CudaTiles(nt=1)  # the shipped build
+    assert parse_tiles("c:1,4,8,256,4,1,0,8,1,1,1,8,4,0,1")[0] == CudaTiles(nt=1, warps=4, row_ring=4, lean=0)
+    assert parse_tiles("c:1,4,8,256,2,1,0,8,1,1,1,8,3,1,2")[0] == CudaTiles(nt=1, row_tiles=2)
 
 
 @pytest.mark.parametrize("body,why", [

@@ -61,6 +61,7 @@ struct Blocks {
   const float* weights;        // [T * k] routing weights (down), fp32
   int64_t s_gt;
   int n_pairs, T, topk, n_sink_blocks, block_lo;
+  int pdl;  // this call's launches as programmatic dependents (MOE_PDL builds; the batch's choice)
 };
 
 __device__ __forceinline__ uint32_t fma_bf16x2(uint32_t a, uint32_t b) {
@@ -129,8 +130,9 @@ __device__ __forceinline__ uint4 ldg(const void* p) {
 // With MOE_PDL the down launch may start while the gate/up launch's last CTAs still run: its CTAs
 // issue their first weight loads (which depend on nothing the gate/up launch writes: the routing
 // was computed before it) and only then wait for the gate/up grid's activations. That overlaps the
-// up launch's tail and the launch gap with weight streaming. Every kernel lets its dependents launch
-// as soon as it starts; a kernel launched without the attribute passes the wait at once.
+// up launch's tail and the launch gap with weight streaming. Where a call asks for it (Blocks::pdl)
+// every kernel lets its dependents launch as soon as it starts and the down launch carries the
+// attribute; otherwise neither, and the wait passes at once (a kernel launched without the attribute).
 __device__ __forceinline__ void pdl_wait() {
 #if MOE_PDL
   asm volatile("griddepcontrol.wait;" ::: "memory");
@@ -816,7 +818,7 @@ template <int NT, bool UP, int DEPTH, int PATHS, int RT>
 __global__ void __launch_bounds__(kWarps * 32) moe_w4a16_kernel(Args a, Blocks b) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
 #if MOE_PDL
-  asm volatile("griddepcontrol.launch_dependents;");
+  if (b.pdl) asm volatile("griddepcontrol.launch_dependents;");
 #endif
   const int rt = blockIdx.x * RT;  // 16-row tile
   const int blk = b.block_lo + blockIdx.y;
@@ -836,10 +838,10 @@ __global__ void __launch_bounds__(kWarps * 32) moe_w4a16_kernel(Args a, Blocks b
   }
 }
 
-// A launch with the programmatic-dependent attribute for the down projection when MOE_PDL.
+// A launch with the programmatic-dependent attribute for the down projection when MOE_PDL and pdl.
 template <bool UP, typename... P, typename... A>
-cudaError_t launch_kernel(void (*kernel)(P...), dim3 grid, dim3 block, cudaStream_t stream, A... args) {
-  if (!MOE_PDL || UP) {
+cudaError_t launch_kernel(void (*kernel)(P...), dim3 grid, dim3 block, cudaStream_t stream, bool pdl, A... args) {
+  if (!MOE_PDL || UP || !pdl) {
     kernel<<<grid, block, 0, stream>>>(args...);
     return cudaGetLastError();
   }
@@ -860,7 +862,7 @@ cudaError_t launch_range(int lo, int hi, const Args& a, Blocks b, cudaStream_t s
   if (hi <= lo) return cudaSuccess;
   b.block_lo = lo;
   return launch_kernel<UP>(moe_w4a16_kernel<NT, UP, DEPTH, PATHS, RT>, dim3(a.n_rows / (16 * RT), hi - lo),
-                           dim3(kWarps * 32), stream, a, b);
+                           dim3(kWarps * 32), stream, b.pdl != 0, a, b);
 }
 
 template <int NT, bool UP, int DEPTH>
@@ -913,14 +915,15 @@ cudaError_t launch_nt(int nt, int rt, int n_blocks, int depth, const Args& a, co
 // One projection over blocks [block_lo, block_lo + n_blocks): sink blocks (index < n_sink_blocks,
 // BF16 sink_w) first, then the routed blocks of moe_align(ids, E, 8 * nt) (NVFP4 codes/scales).
 // up: in = x [T, H] -> act rows; else in = act -> out slots. Strides in elements (bytes for the
-// uint8 codes and scales). rt: 16-row tiles a CTA (1, or 2: see launch_one). Returns a cudaError_t
-// (0: launched).
+// uint8 codes and scales). rt: 16-row tiles a CTA (1, or 2: see launch_one). pdl: programmatic
+// dependent launches (MOE_PDL builds; see pdl_wait). Returns a cudaError_t (0: launched).
 extern "C" int sgl_moe_w4a16(int up, int nt, int rt, int depth, int block_lo, int n_blocks, const void* in, int64_t s_in,
                              const void* codes, int64_t s_ce, int64_t s_cr, const void* scales, int64_t s_se,
                              int64_t s_sr, const void* scale2, const void* sink_w, int64_t s_we, int64_t s_wr,
                              const void* pairs, const void* block_expert, const void* weights, const void* gam,
                              int64_t s_gt, void* act, int64_t s_at, void* out, int64_t s_ot, int64_t s_os,
-                             int n_rows, int K, int n_pairs, int T, int topk, int n_sink_blocks, void* stream) {
+                             int n_rows, int K, int n_pairs, int T, int topk, int n_sink_blocks, int pdl,
+                             void* stream) {
   if (n_blocks <= 0) return 0;
   if (K % kChunk || n_rows % 16) return cudaErrorInvalidValue;
   const Args a{static_cast<const __nv_bfloat16*>(in), static_cast<const uint8_t*>(codes),
@@ -929,7 +932,7 @@ extern "C" int sgl_moe_w4a16(int up, int nt, int rt, int depth, int block_lo, in
                s_in, s_ce, s_cr, s_se, s_sr, s_we, s_wr, s_at, s_ot, s_os, n_rows, K};
   const Blocks b{static_cast<const int64_t*>(pairs), static_cast<const int64_t*>(block_expert),
                  static_cast<const float*>(gam), static_cast<const float*>(weights), s_gt, n_pairs, T, topk,
-                 n_sink_blocks, block_lo};
+                 n_sink_blocks, block_lo, pdl};
   const auto st = static_cast<cudaStream_t>(stream);
   return up ? launch_nt<true>(nt, rt, n_blocks, depth, a, b, st) : launch_nt<false>(nt, rt, n_blocks, depth, a, b, st);
 }
