@@ -39,10 +39,6 @@ from sgl_inkling_kernels.attention_ref import paged_attention_ref
 MERGE_IN_KERNEL_MAX_SPLITS = 8
 
 
-# The split count varies with the batch (and the GPU's SM count), so it is never specialised on, and
-# the partial buffers' strides, which it would be a factor of, are not passed: both kernels index
-# the contiguous [B, heads, splits, (D)] buffers from it, with D constexpr (so the partial outputs
-# keep D's divisibility for vector stores) and `heads` fixed by the model.
 @triton.jit
 def _split_range(Pos, ReqIdx, b, split, window, num_splits, HAS_WINDOW: tl.constexpr, BLOCK_N: tl.constexpr):
     """(t, row, start, end, used): the query's position (it attends to keys 0..t, or the window's), its
@@ -108,10 +104,10 @@ def _decode_split_kernel(
     MERGE: tl.constexpr, BLOCK_GM: tl.constexpr, SPLIT_CHUNK: tl.constexpr, PDL: tl.constexpr = False,
     PREFETCH: tl.constexpr = False,
 ):  # fmt: skip
-    """PREFETCH (with PDL, decode steps only): the previous kernel on the stream writes this step's q and
-    the key and value at position t, nothing else this kernel reads but rel (see `decode_attention`), so
+    """PREFETCH (with PDL, decode steps only): of what this kernel reads, the previous kernel on the
+    stream writes at most q, rel, tau and the key and value at position t (see `decode_attention`), so
     the split's range and its first block of keys load before `pdl_wait`, while that kernel still runs;
-    after it, only q, rel and the key and value at t (patched into the block) remain to load."""
+    after it, q, rel, tau and the key and value at t (patched into the block) load."""
     b = tl.program_id(0)
     kh = tl.program_id(1)
     split = tl.program_id(2)
