@@ -31,6 +31,7 @@ from sgl_inkling_kernels._triton import (
 )
 from sgl_inkling_kernels.arrivals import CAPACITY, arrive, counters
 from sgl_inkling_kernels.attention_ref import paged_attention_ref
+from sgl_inkling_kernels.paged_kv import paged_kv_block
 
 # The in-kernel merge walks its group's splits a few at a time in one program, so it pays only for
 # few splits. H200, 944145e (bench_decode_ops, one launch against two): the 512 window at batch 1
@@ -61,11 +62,8 @@ def _key_block(K, V, ReqToTok, Table, row, kh, t, s0, end, extent, stride_ks, st
     """Keys, values and relative-bias table columns of the block of key positions s0..s0+BLOCK_N."""
     offs_n = s0 + tl.arange(0, BLOCK_N)
     n_ok = offs_n < end
-    slots = tl.load(ReqToTok + row * stride_rt + offs_n, mask=n_ok, other=0)
-    k = tl.load(K + slots[:, None] * stride_ks + kh * stride_kh + offs_d[None, :],
-                mask=n_ok[:, None] & d_ok[None, :], other=0.0)  # fmt: skip
-    v = tl.load(V + slots[:, None] * stride_vs + kh * stride_vh + offs_d[None, :],
-                mask=n_ok[:, None] & d_ok[None, :], other=0.0)  # fmt: skip
+    k, v = paged_kv_block(K, V, ReqToTok, row, kh, offs_n, n_ok, offs_d, d_ok, stride_ks, stride_kh, stride_vs,
+                          stride_vh, stride_rt)  # fmt: skip
     dist = t - offs_n  # the bias profile's columns at distances t - s
     cols = tl.load(Table + offs_r[:, None] * stride_tab + dist[None, :],
                    mask=r_ok[:, None] & (n_ok & (dist < extent))[None, :], other=0.0)  # fmt: skip

@@ -16,6 +16,7 @@ import torch
 
 from sgl_inkling_kernels._triton import dot_mode, interpreting, mm, next_pow2, require_triton, tl, triton
 from sgl_inkling_kernels.attention_ref import paged_attention_ref
+from sgl_inkling_kernels.paged_kv import paged_kv_block
 
 
 @triton.jit
@@ -69,11 +70,8 @@ def _extend_kernel(
     for s0 in range(lo, hi, BLOCK_N):
         offs_n = s0 + tl.arange(0, BLOCK_N)
         n_ok = offs_n < hi
-        slots = tl.load(ReqToTok + row * stride_rt + offs_n, mask=n_ok, other=0)
-        k = tl.load(K + slots[:, None] * stride_ks + kh * stride_kh + offs_d[None, :],
-                    mask=n_ok[:, None] & d_ok[None, :], other=0.0)  # fmt: skip
-        v = tl.load(V + slots[:, None] * stride_vs + kh * stride_vh + offs_d[None, :],
-                    mask=n_ok[:, None] & d_ok[None, :], other=0.0)  # fmt: skip
+        k, v = paged_kv_block(K, V, ReqToTok, row, kh, offs_n, n_ok, offs_d, d_ok, stride_ks, stride_kh, stride_vs,
+                              stride_vh, stride_rt)  # fmt: skip
         qk = mm(q, tl.trans(k), UPCAST, PREC)  # [ROWS, BLOCK_N]
         dist = qpos[:, None] - offs_n[None, :]
         visible = (dist >= 0) & n_ok[None, :] & row_ok[:, None]
