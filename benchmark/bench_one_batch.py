@@ -50,7 +50,9 @@ from sgl_inkling.models.inkling.slice_config import (  # noqa: E402
 from sgl_inkling.models.inkling.tiny import TINY_CONFIG  # noqa: E402
 from sgl_inkling.models.inkling.weights import init_dummy_weights  # noqa: E402
 from sgl_inkling.speculative.adaptive import PUBLIC_MTP8_CURVE  # noqa: E402
+from sgl_inkling_kernels import dense_gemv  # noqa: E402
 from sgl_inkling_kernels._triton import kernel_dispatch, no_pdl  # noqa: E402
+from sgl_inkling_kernels.dense_gemv import GemvTiles, cublas_projections, gemv_tiles  # noqa: E402
 
 BATCH_TENSORS = ("input_ids", "positions", "req_pool_indices", "prefix_lens", "extend_lens", "out_loc",
                  "out_loc_swa", "logits_indices")  # fmt: skip
@@ -495,13 +497,22 @@ def main(argv: list[str] | None = None) -> dict:
                    "'field=value,...' (benchmark/moe_build.py); default: the shipped one")
     p.add_argument("--pdl", choices=("on", "off"), default="on",
                    help="benchmark only: off launches every kernel without programmatic dependencies (the before)")
+    p.add_argument("--projections", choices=("gemv", "cublas"), default="gemv",
+                   help="benchmark only: cublas runs a decode step's q/k/v/r and output projections in F.linear "
+                   "(the before of dense_gemv)")
+    p.add_argument("--gemv-tiles", default="", help="benchmark only: dense_gemv's tiles as "
+                   "'block_n,block_k,pre_k,num_stages,num_warps'; default: the shipped ones")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--result-file", type=Path, default=None)
     args = p.parse_args(argv)
-    if args.pdl == "off":
-        with no_pdl():
-            return _main(args)
-    return _main(args)
+    with contextlib.ExitStack() as stack:
+        if args.pdl == "off":
+            stack.enter_context(no_pdl())
+        if args.projections == "cublas":
+            stack.enter_context(cublas_projections())
+        if args.gemv_tiles:
+            stack.enter_context(gemv_tiles(GemvTiles(*(int(v) for v in args.gemv_tiles.split(",")))))
+        return _main(args)
 
 
 def _main(args: argparse.Namespace) -> dict:
@@ -560,6 +571,8 @@ def _main(args: argparse.Namespace) -> dict:
         "routed_experts": expert_quant or str(dtype).removeprefix("torch."),
         "moe_cuda_build": moe_build if expert_quant else None,
         "pdl": args.pdl,
+        "projections": args.projections,
+        "gemv_tiles": dataclasses.asdict(dense_gemv.TILES),
         "bandwidth_bytes_per_s": peak_tb_s() * 1e12,
         "decode_steps": args.decode_steps,
         "warmup_steps": args.warmup_steps,

@@ -108,3 +108,27 @@ def test_decode_layer_kernels_in_a_graph():
     got, want = _replays(chain, inputs)
     for i, (a, b) in enumerate(zip(got, want)):
         assert torch.equal(a, b), f"replay {i}: {(a.float() - b.float()).abs().max().item()}"
+
+
+def test_dense_gemv_between_dependents_in_a_graph():
+    # The decode projections' GEMV loads weight columns before its wait: a norm, the packed q/k/v/r
+    # GEMV over the norm's output, a norm of the GEMV's output, the output projection's GEMV of that.
+    from sgl_inkling_kernels.dense_gemv import dense_gemv
+    from sgl_inkling_kernels.rmsnorm import rmsnorm
+
+    g = torch.Generator(device="cuda").manual_seed(2)
+    bf = torch.bfloat16
+    w1 = torch.randn(13312, 6144, device="cuda", dtype=bf, generator=g) / 80
+    w2 = torch.randn(6144, 13312, device="cuda", dtype=bf, generator=g) / 110
+    g1 = torch.rand(6144, device="cuda", dtype=bf, generator=g) + 0.5
+    g2 = torch.rand(13312, device="cuda", dtype=bf, generator=g) + 0.5
+
+    def chain(x):
+        y = dense_gemv(rmsnorm(x, g1, 1e-6), w1)
+        return dense_gemv(rmsnorm(y, g2, 1e-6), w2)
+
+    inputs = [torch.randn(t, 6144, device="cuda", dtype=bf, generator=g) for t in (1, 16) for _ in range(20)]
+    for batch in (inputs[:20], inputs[20:]):
+        got, want = _replays(chain, batch)
+        for i, (a, b) in enumerate(zip(got, want)):
+            assert torch.equal(a, b), f"replay {i}: {(a.float() - b.float()).abs().max().item()}"

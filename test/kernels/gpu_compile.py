@@ -70,6 +70,11 @@ def _router_gemv(dt):
     return ("router", "_router_gemv_kernel", {"X": f"*{dt}", "W": "*fp32", "Out": "*fp32"}, consts, (), 4)
 
 
+def _dense_gemv(dt, pre_k):
+    consts = dict(BLOCK_T=16, BLOCK_N=32, BLOCK_K=256, PRE_K=pre_k, UPCAST=False, PREC="ieee" if dt == "fp32" else "tf32")
+    return ("dense_gemv", "_dense_gemv_kernel", {n: f"*{dt}" for n in ("X", "W", "Y")}, consts, (), 4)
+
+
 def _split(dt, tau, merge=True, prefetch=False):
     # tau: a full layer (8 heads a KV head); else a sliding one (4), as Inkling's.
     g = 8 if tau else 4
@@ -95,6 +100,7 @@ CASES = (
     + [_router(dt, aligned) for dt in ("bf16", "fp32") for aligned in (False, True)]
     + [_align_small(), _align_sorted()]
     + [_router_gemv(dt) for dt in ("bf16", "fp32")]
+    + [_dense_gemv(dt, pre_k) for dt in ("bf16", "fp32") for pre_k in (0, 256)]
     + [_split(dt, tau, merge, pre) for dt in ("bf16", "fp32") for tau in (False, True) for merge in (True, False)
        for pre in (False, True)]
     + [_merge()]

@@ -107,7 +107,7 @@ def test_packed_projection_holds_the_checkpoint_weights(model, tiny_path):
 
 @pytest.mark.parametrize("layer_idx", [0, 1])  # a sliding and a full layer
 def test_fused_decode_projection_matches_modules(model, layer_idx):
-    """Packed q/k/v/r GEMM + epilogue kernel (interpreter) vs the four projections, the two convs and
+    """Packed q/k/v/r GEMV + epilogue kernel (interpreter) vs the four projections, the two convs and
     the two norms as modules, on a decode batch: q, k, v, rel and the K/V conv states."""
     attn = model.model.llm.layers[layer_idx].attn
     lid, s = attn.spec.layer_id, attn.spec
@@ -129,8 +129,10 @@ def test_fused_decode_projection_matches_modules(model, layer_idx):
     for g, w in zip(got, want):
         assert g.shape == w.shape
         torch.testing.assert_close(g, w, atol=1e-5, rtol=1e-5)
+    # The states hold the k/v projections: the decode GEMV (dense_gemv) sums K in its own order, so
+    # they agree to fp32 rounding, not bit for bit (test_qkvr_epilogue checks the state update exactly).
     for stream in range(2):
-        torch.testing.assert_close(pools[0].state(lid, stream), pools[1].state(lid, stream), atol=0, rtol=0)
+        torch.testing.assert_close(pools[0].state(lid, stream), pools[1].state(lid, stream), atol=1e-5, rtol=1e-5)
 
 
 def test_output_conv_add_norm_matches_modules(model):

@@ -8,7 +8,7 @@ from torch import nn
 from sgl_inkling.distributed.parallel_state import get_parallel
 from sgl_inkling.distributed.sharding import declare, local, on_dim, split, split_kv_heads
 from sgl_inkling.layers.attention.base import AttnLayerSpec
-from sgl_inkling.layers.linear import Linear, linear
+from sgl_inkling.layers.linear import Linear, decode_linear
 from sgl_inkling.mem_cache.memory_pool import SCONV_K, SCONV_V
 from sgl_inkling.model_executor.forward_batch import ForwardBatch, ForwardMode
 from sgl_inkling.models.inkling.config import InklingTextConfig
@@ -99,7 +99,7 @@ class InklingAttention(nn.Module):
         if use_triton(x) and self._fused_decode(batch):
             pool = batch.sconv_pool
             return qkvr_decode_epilogue(
-                linear(x, self.wqkvr), s.num_heads, s.num_kv_heads, s.head_dim,
+                decode_linear(x, self.wqkvr), s.num_heads, s.num_kv_heads, s.head_dim,
                 self.q_norm.weight, self.k_norm.weight, self.k_sconv.weight, self.v_sconv.weight,
                 pool.state(s.layer_id, SCONV_K), pool.state(s.layer_id, SCONV_V), batch.req_pool_indices,
                 self.q_norm.eps, kv_cache=kv_cache,
@@ -120,7 +120,7 @@ class InklingAttention(nn.Module):
             tau = log_scaling_tau(batch.positions, self.log_scaling, self.log_alpha)
             q = (q.float() * tau[:, None, None]).to(q.dtype)
         o = batch.attn_backend.forward(q, k, v, rel, self.rel_logits_proj.proj, tau, s, batch)
-        return self.wo_ud(o)
+        return decode_linear(o, self.wo_ud.weight) if fused else self.wo_ud(o)
 
 
 def log_scaling_tau(positions: torch.Tensor, n_floor: int, alpha: float) -> torch.Tensor:

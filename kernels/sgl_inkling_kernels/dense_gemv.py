@@ -1,0 +1,149 @@
+"""The dense BF16 projections of a decode step at a few tokens (the packed q/k/v/r GEMM and the attention
+output projection) as one Triton GEMV: y[t, n] = x[t] . w[n], fp32 accumulation, rounded to x's dtype.
+
+Why not cuBLAS: at batch 1 the layer is a chain of short kernels between the weight streams, and each
+launch boundary costs the drain of one kernel and the ramp of the next. The Triton kernels of the chain
+launch as programmatic dependents (_triton.pdl_launch), which a cuBLAS launch cannot be: its
+predecessor must finish before it launches, and its successor cannot launch before it ends. Here the
+programs become resident while the previous kernel (a norm, decode attention's merge) still runs and
+load their first PRE_K weight columns, which no earlier kernel writes, before `pdl_wait`; the
+activations are read after it.
+
+Each program streams a band of BLOCK_N weight rows over the whole K with the tokens as a 16-row MMA
+operand (the sink experts' GEMV form, sink_gemv.py). Grids depend on shapes only (CUDA-graph safe) and
+T is not specialised: one compile per (N, K) shape covers every batch of 1..MAX_TOKENS tokens.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+
+from sgl_inkling_kernels._triton import (
+    dot_mode,
+    interpreting,
+    mm,
+    pdl_launch,
+    pdl_wait,
+    require_triton,
+    tl,
+    triton,
+)
+
+MAX_TOKENS = 16  # one token tile: tl.dot takes at least 16 rows
+
+
+@dataclass(frozen=True)
+class GemvTiles:
+    """A launch's shape: rows per program, the K step, weight columns loaded before the wait (0: none;
+    a multiple of block_k), pipeline stages and warps."""
+
+    block_n: int = 32
+    block_k: int = 256
+    pre_k: int = 256
+    num_stages: int = 4
+    num_warps: int = 4
+
+
+TILES = GemvTiles()
+
+_ENABLED = True  # decode projections through this GEMV where it applies (see `applies`)
+
+
+@contextlib.contextmanager
+def cublas_projections() -> Iterator[None]:
+    """Within the block, decode projections go through cuBLAS (F.linear) as before this kernel: the
+    "before" of benchmarks; graphs captured inside keep it."""
+    global _ENABLED
+    saved, _ENABLED = _ENABLED, False
+    try:
+        yield
+    finally:
+        _ENABLED = saved
+
+
+@contextlib.contextmanager
+def gemv_tiles(tiles: GemvTiles) -> Iterator[None]:
+    """Within the block, launches use `tiles` (benchmarks' sweeps)."""
+    global TILES
+    saved, TILES = TILES, tiles
+    try:
+        yield
+    finally:
+        TILES = saved
+
+
+@triton.jit(do_not_specialize=["T"])
+def _dense_gemv_kernel(
+    X, W, Y, T, N, K,
+    stride_xt, stride_wn, stride_yt,
+    BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PRE_K: tl.constexpr,
+    UPCAST: tl.constexpr, PREC: tl.constexpr, PDL: tl.constexpr = False,
+):  # fmt: skip
+    offs_t = tl.arange(0, BLOCK_T)
+    offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    t_ok = offs_t < T
+    n_ok = offs_n < N
+    w_rows = W + offs_n[:, None] * stride_wn
+    x_rows = X + offs_t[:, None] * stride_xt
+    acc = tl.zeros([BLOCK_T, BLOCK_N], tl.float32)
+    if PRE_K > 0:
+        # The weights are no earlier kernel's output: in flight while the previous kernel finishes.
+        offs_p = tl.arange(0, PRE_K)
+        p_ok = offs_p < K
+        w_pre = tl.load(w_rows + offs_p[None, :], mask=n_ok[:, None] & p_ok[None, :], other=0.0)
+    pdl_wait(PDL)
+    if PRE_K > 0:
+        x_pre = tl.load(x_rows + offs_p[None, :], mask=t_ok[:, None] & p_ok[None, :], other=0.0)
+        acc += mm(x_pre, tl.trans(w_pre), UPCAST, PREC)
+    for k0 in range(PRE_K, K, BLOCK_K):
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        k_ok = offs_k < K
+        x = tl.load(x_rows + offs_k[None, :], mask=t_ok[:, None] & k_ok[None, :], other=0.0)
+        w = tl.load(w_rows + offs_k[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
+        acc += mm(x, tl.trans(w), UPCAST, PREC)
+    tl.store(Y + offs_t[:, None] * stride_yt + offs_n[None, :], acc.to(Y.dtype.element_ty),
+             mask=t_ok[:, None] & n_ok[None, :])  # fmt: skip
+
+
+def applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether `dense_gemv` serves x @ weight.T: at most MAX_TOKENS rows of x, contiguous rows in both
+    and one floating dtype (the callers' other case is F.linear)."""
+    return (
+        _ENABLED
+        and x.dim() == 2
+        and 0 < x.shape[0] <= MAX_TOKENS
+        and x.dtype == weight.dtype
+        and x.dtype.is_floating_point
+        and weight.dim() == 2
+        and x.shape[1] == weight.shape[1]
+        and x.stride(1) == 1
+        and weight.stride(1) == 1
+    )
+
+
+def dense_gemv(x: torch.Tensor, weight: torch.Tensor, tiles: GemvTiles | None = None) -> torch.Tensor:
+    """x [T, K] @ weight[N, K].T -> [T, N] in x's dtype, for T <= MAX_TOKENS."""
+    require_triton()
+    if not applies(x, weight) and not (x.dim() == 2 and x.shape[0] == 0):
+        raise ValueError(f"dense_gemv: x {tuple(x.shape)} {x.dtype}, weight {tuple(weight.shape)} {weight.dtype} "
+                         f"(at most {MAX_TOKENS} rows, contiguous rows, one dtype)")  # fmt: skip
+    tiles = tiles or TILES
+    t, k = x.shape
+    n = weight.shape[0]
+    out = torch.empty(t, n, dtype=x.dtype, device=x.device)
+    if t == 0:
+        return out
+    block_k, pre_k = tiles.block_k, tiles.pre_k
+    if interpreting():  # numpy underneath: small tiles keep CPU tests quick and still cover the masks
+        block_k, pre_k = min(block_k, 64), min(pre_k, 64)
+    upcast, prec = dot_mode(x.dtype)
+    _dense_gemv_kernel[(triton.cdiv(n, tiles.block_n),)](
+        x, weight, out, t, n, k, x.stride(0), weight.stride(0), out.stride(0),
+        BLOCK_T=MAX_TOKENS, BLOCK_N=tiles.block_n, BLOCK_K=block_k, PRE_K=pre_k, UPCAST=upcast, PREC=prec,
+        num_warps=tiles.num_warps, num_stages=tiles.num_stages, **pdl_launch(x),
+    )  # fmt: skip
+    return out
