@@ -65,9 +65,9 @@ def time_shape(shape_name: str, n: int, k: int, tiles: list[GemvTiles], a: argpa
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8, 16])
-    p.add_argument("--tiles", nargs="*", default=["32,256,256,4,4", "64,256,0,3,4", "128,128,128,4,4,1",
-                                                  "128,128,128,4,8,1", "128,64,128,6,4,1"],
-                   help="'block_n,block_k,pre_k,num_stages,num_warps[,balanced]' each; the shipped tiles always run")
+    p.add_argument("--tiles", nargs="*", default=["32,256,256,4,4", "64,256,0,3,4", "64,256,512,3,4",
+                                                  "64,128,256,5,4", "128,128,128,3,8"],
+                   help="'block_n,block_k,pre_k,num_stages,num_warps' each; the shipped tiles always run")
     p.add_argument("--calls", type=int, default=8)
     p.add_argument("--replays", type=int, default=20)
     p.add_argument("--out", default="")

@@ -501,7 +501,7 @@ def main(argv: list[str] | None = None) -> dict:
                    help="benchmark only: cublas runs a decode step's q/k/v/r and output projections in F.linear "
                    "(the before of dense_gemv)")
     p.add_argument("--gemv-tiles", default="", help="benchmark only: dense_gemv's tiles as "
-                   "'block_n,block_k,pre_k,num_stages,num_warps[,balanced]'; default: the shipped ones")
+                   "'block_n,block_k,pre_k,num_stages,num_warps'; default: the shipped ones")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--result-file", type=Path, default=None)
     args = p.parse_args(argv)

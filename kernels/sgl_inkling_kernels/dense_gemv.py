@@ -9,18 +9,18 @@ programs become resident while the previous kernel (a norm, decode attention's m
 load their first PRE_K weight columns, which no earlier kernel writes, before `pdl_wait`; the
 activations are read after it.
 
-Each program streams a band of ROWS weight rows over the whole K with the tokens as a 16-row MMA
-operand (the sink experts' GEMV form, sink_gemv.py). With `balanced` tiles the bands split N evenly
-over the GPU's SMs, one program each (a band is masked to ROWS of its power-of-two BLOCK_N rows, and
-masked rows read nothing): 13312 rows in bands of 32 are 416 programs, 3.2 waves of 132 and a tail
-where most SMs idle, while 128 bands of 104 rows end together. Grids depend on shapes only (CUDA-graph
-safe) and T is not specialised: one compile per (N, K) shape covers every batch of 1..MAX_TOKENS tokens.
+Each program streams a band of BLOCK_N weight rows over the whole K with the tokens as a 16-row MMA
+operand (the sink experts' GEMV form, sink_gemv.py). Grids depend on shapes only (CUDA-graph safe) and
+T is not specialised: one compile per (N, K) shape covers every batch of 1..MAX_TOKENS tokens.
+Tiles from benchmark/bench_dense_gemv.py on an H100 (results/diagnostics/dense_gemv_h100_*): bands of
+64 rows, 256-column K steps in 3 stages, the first 256 columns before the wait. Bands that split N
+evenly over the SMs (one program an SM, 104 rows of 128 for 13312) were as fast alone but made the
+layer 4% slower, and 32-row bands were 16% slower than cuBLAS on 13312 x 6144.
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -30,7 +30,6 @@ from sgl_inkling_kernels._triton import (
     dot_mode,
     interpreting,
     mm,
-    next_pow2,
     pdl_launch,
     pdl_wait,
     require_triton,
@@ -43,25 +42,22 @@ MAX_TOKENS = 16  # one token tile: tl.dot takes at least 16 rows
 
 @dataclass(frozen=True)
 class GemvTiles:
-    """A launch's shape: rows per program (with `balanced`, at most that many: N split evenly over the
-    SMs), the K step, weight columns loaded before the wait (0: none; a power of two), pipeline stages
-    and warps."""
+    """A launch's shape: rows per program, the K step, weight columns loaded before the wait (0: none;
+    a power of two), pipeline stages and warps."""
 
-    block_n: int = 32
+    block_n: int = 64
     block_k: int = 256
     pre_k: int = 256
-    num_stages: int = 4
+    num_stages: int = 3
     num_warps: int = 4
-    balanced: bool = False
 
     @classmethod
     def parse(cls, spec: str) -> GemvTiles:
-        """From 'block_n,block_k,pre_k,num_stages,num_warps[,balanced]' (benchmarks' command lines)."""
-        v = [int(x) for x in spec.split(",")]
-        return cls(*v[:5], *(bool(b) for b in v[5:]))
+        """From 'block_n,block_k,pre_k,num_stages,num_warps' (benchmarks' command lines)."""
+        return cls(*(int(x) for x in spec.split(",")))
 
 
-TILES = GemvTiles(block_n=64, block_k=256, pre_k=256, num_stages=3)
+TILES = GemvTiles()
 
 _ENABLED = True  # decode projections through this GEMV where it applies (see `applies`)
 
@@ -91,16 +87,15 @@ def gemv_tiles(tiles: GemvTiles) -> Iterator[None]:
 
 @triton.jit(do_not_specialize=["T"])
 def _dense_gemv_kernel(
-    X, W, Y, T, N, K, ROWS,
+    X, W, Y, T, N, K,
     stride_xt, stride_wn, stride_yt,
     BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PRE_K: tl.constexpr,
     UPCAST: tl.constexpr, PREC: tl.constexpr, PDL: tl.constexpr = False,
 ):  # fmt: skip
     offs_t = tl.arange(0, BLOCK_T)
-    band = tl.arange(0, BLOCK_N)
-    offs_n = tl.program_id(0) * ROWS + band
+    offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     t_ok = offs_t < T
-    n_ok = (band < ROWS) & (offs_n < N)
+    n_ok = offs_n < N
     w_rows = W + offs_n[:, None] * stride_wn
     x_rows = X + offs_t[:, None] * stride_xt
     acc = tl.zeros([BLOCK_T, BLOCK_N], tl.float32)
@@ -154,29 +149,11 @@ def dense_gemv(x: torch.Tensor, weight: torch.Tensor, tiles: GemvTiles | None = 
     block_k, pre_k = tiles.block_k, tiles.pre_k
     if interpreting():  # numpy underneath: small tiles keep CPU tests quick and still cover the masks
         block_k, pre_k = min(block_k, 64), min(pre_k, 64)
-    rows = band_rows(n, tiles, x.device)
     upcast, prec = dot_mode(x.dtype)
-    _dense_gemv_kernel[(triton.cdiv(n, rows),)](
-        x, weight, out, t, n, k, rows, x.stride(0), weight.stride(0), out.stride(0),
-        BLOCK_T=MAX_TOKENS, BLOCK_N=next_pow2(rows), BLOCK_K=block_k, PRE_K=pre_k, UPCAST=upcast, PREC=prec,
+    _dense_gemv_kernel[(triton.cdiv(n, tiles.block_n),)](
+        x, weight, out, t, n, k, x.stride(0), weight.stride(0), out.stride(0),
+        BLOCK_T=MAX_TOKENS, BLOCK_N=tiles.block_n, BLOCK_K=block_k, PRE_K=pre_k, UPCAST=upcast, PREC=prec,
         num_warps=tiles.num_warps, num_stages=tiles.num_stages, **pdl_launch(x),
     )  # fmt: skip
     return out
 
-
-INTERPRETER_SMS = 4  # on the CPU: few "SMs", so tests meet bands that are not powers of two
-
-
-def band_rows(n: int, tiles: GemvTiles, device: torch.device) -> int:
-    """Weight rows per program: tiles.block_n, or with `balanced` N over the SMs in multiples of 8 (at
-    most tiles.block_n, so very tall weights take several programs an SM)."""
-    if not tiles.balanced:
-        return tiles.block_n
-    sms = _sm_count(device.index or 0) if device.type == "cuda" else INTERPRETER_SMS
-    per_sm = -(-n // sms)
-    return min(tiles.block_n, -(-per_sm // 8) * 8)
-
-
-@functools.cache
-def _sm_count(index: int) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count

@@ -15,15 +15,7 @@ import torch.nn.functional as F
 
 from sgl_inkling.layers.linear import decode_linear, linear
 from sgl_inkling_kernels._triton import interpreting, kernel_dispatch
-from sgl_inkling_kernels.dense_gemv import (
-    INTERPRETER_SMS,
-    MAX_TOKENS,
-    GemvTiles,
-    applies,
-    band_rows,
-    cublas_projections,
-    dense_gemv,
-)
+from sgl_inkling_kernels.dense_gemv import MAX_TOKENS, GemvTiles, applies, cublas_projections, dense_gemv
 from sgl_inkling_kernels.jit_keys import record_keys
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # the interpreter on the CPU, real Triton on a GPU
@@ -49,8 +41,7 @@ def _case(t: int, n: int, k: int, dtype: torch.dtype, seed: int):
         (72, 200, GemvTiles(block_n=32, block_k=64, pre_k=64)),  # N, K past whole tiles; K past PRE_K
         (40, 40, GemvTiles(block_n=16, block_k=64, pre_k=64)),  # K shorter than the tiles
         (48, 136, GemvTiles(block_n=16, block_k=32, pre_k=0)),  # nothing before the wait
-        (72, 200, GemvTiles(block_n=64, block_k=64, pre_k=32, balanced=True)),  # 4 bands of 24 rows (of 32)
-        (200, 64, GemvTiles(block_n=32, block_k=64, pre_k=64, balanced=True)),  # 7 bands of 32 (at most 32)
+        (72, 200, GemvTiles(block_n=64, block_k=64, pre_k=32)),  # a band past N; K past PRE_K
     ],
 )
 def test_dense_gemv_matches_a_brute_force(dtype, tol, t, n, k, tiles):
@@ -93,14 +84,6 @@ def test_rows_past_the_token_tile_are_refused_and_left_to_linear():
     torch.testing.assert_close(got, linear(x, w))
 
 
-def test_bands_split_rows_evenly_over_the_sms():
-    cpu = torch.device("cpu")  # INTERPRETER_SMS "SMs"
-    assert band_rows(72, GemvTiles(block_n=64, balanced=True), cpu) == 24  # 18 a program, rounded to 8
-    assert band_rows(200, GemvTiles(block_n=32, balanced=True), cpu) == 32  # 50 capped at 32
-    assert band_rows(200, GemvTiles(block_n=32), cpu) == 32
-    assert INTERPRETER_SMS == 4
-
-
 def test_decode_linear_takes_the_gemv_only_where_it_applies():
     x, w = (a.to(DEVICE) for a in _case(2, 24, 32, torch.float32, seed=2))
     for kernels, switch_on, launches in ((True, True, 1), (True, False, 0), (False, True, 0)):
@@ -114,7 +97,7 @@ def test_decode_linear_takes_the_gemv_only_where_it_applies():
 def test_every_batch_up_to_the_tile_shares_one_compile():
     # Warm-up decodes at batch 1: serving's decode buckets of 2..16 tokens may need no other variant.
     def keys(t: int) -> set:
-        x, w = _case(t, 40, 64, torch.bfloat16, seed=t)
+        x, w = (a.to(DEVICE) for a in _case(t, 40, 64, torch.bfloat16, seed=t))
         with record_keys() as log:
             dense_gemv(x, w)
         return log.keys()
