@@ -1,6 +1,7 @@
 """Where a decode step's time goes, kernel by kernel (torch.profiler), on inkling-slice.
 
     python benchmark/profile_decode.py --batch-size 1 [--unfused | --compare] [--quantization modelopt_fp4]
+    python benchmark/profile_decode.py --batch-size 1 --tokens 5 --quantization modelopt_fp4  # an MTP verify of 4 drafts
 
 `--unfused` profiles the kernels as they were before the decode fusions (sgl_inkling_kernels.
 _triton.unfused_decode); `--compare` profiles both in one run and writes {"unfused": ..., "fused": ...}.
@@ -41,6 +42,9 @@ def main() -> None:
     p.add_argument("--batch-size", type=int, default=1)
     p.add_argument("--input-len", type=int, default=1024)
     p.add_argument("--steps", type=int, default=5)
+    p.add_argument("--tokens", type=int, default=1,
+                   help="tokens per request and step: > 1 profiles an MTP verify's shape (an extend of that many "
+                   "tokens with logits at each, as verify_graphs runs it)")
     p.add_argument("--out", type=Path, default=None)
     p.add_argument("--unfused", action="store_true", help="the kernels before the decode fusions")
     p.add_argument("--compare", action="store_true", help="profile unfused, then fused")
@@ -51,28 +55,34 @@ def main() -> None:
     init_dummy_weights(model)
     cfg = config.text
     bsz = args.batch_size
-    runner = ModelRunner(model, bsz, args.input_len + 64, bsz * (args.input_len + 64), attention_backend="triton")
+    ctx = args.input_len + (args.steps + 3) * args.tokens + 64  # the prompt, warm-up and profiled steps
+    runner = ModelRunner(model, bsz, ctx, bsz * ctx, attention_backend="triton")
     gen = torch.Generator().manual_seed(0)
 
     def rand(n):
         return torch.randint(0, cfg.unpadded_vocab_size, (bsz, n), generator=gen).tolist()
 
     seqs = Seqs(runner, bsz)
+
+    def step():
+        return seqs.batch(rand(args.tokens), logits_counts=[args.tokens] * bsz if args.tokens > 1 else None)
+
     runner.forward(seqs.batch(rand(args.input_len)))
     variants = ["unfused", "fused"] if args.compare else ["unfused" if args.unfused else "fused"]
     results = {}
     for name in variants:
         with unfused_decode() if name == "unfused" else contextlib.nullcontext():
             for _ in range(3):
-                runner.forward(seqs.batch(rand(1)))
+                runner.forward(step())
             torch.cuda.synchronize()
             with profile(activities=[ProfilerActivity.CUDA]) as prof:
                 for _ in range(args.steps):
-                    runner.forward(seqs.batch(rand(1)))
+                    runner.forward(step())
                 torch.cuda.synchronize()
-        meta = {"batch_size": bsz, "input_len": args.input_len, "kernels_variant": name}
+        meta = {"batch_size": bsz, "tokens_per_request": args.tokens, "input_len": args.input_len, "kernels_variant": name}
         rows = kernel_rows(prof, args.steps)
-        title = f"batch {bsz}, {cfg.num_hidden_layers} layers + head, {name}"
+        shape = f"batch {bsz}" + (f" x {args.tokens} tokens" if args.tokens > 1 else "")
+        title = f"{shape}, {cfg.num_hidden_layers} layers + head, {name}"
         total = report(title, rows, None if args.compare else args.out, meta)
         results[name] = {**meta, "kernel_ms_per_step": total, "kernels": rows}
     if args.compare and args.out:
