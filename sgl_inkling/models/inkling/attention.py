@@ -15,6 +15,7 @@ from sgl_inkling.models.inkling.config import InklingTextConfig
 from sgl_inkling.models.inkling.norm import RMSNorm
 from sgl_inkling.models.inkling.sconv import ShortConv
 from sgl_inkling_kernels._triton import fused_decode, use_triton
+from sgl_inkling_kernels.dense_gemv import applies
 from sgl_inkling_kernels.qkvr_epilogue import qkvr_decode_epilogue
 
 
@@ -104,11 +105,22 @@ class InklingAttention(nn.Module):
                 pool.state(s.layer_id, SCONV_K), pool.state(s.layer_id, SCONV_V), batch.req_pool_indices,
                 self.q_norm.eps, kv_cache=kv_cache,
             )  # fmt: skip
-        q = self.q_norm(self.wq_du(x).view(t, s.num_heads, s.head_dim))
-        k = self.k_norm(self.k_sconv(self.wk_dv(x), batch).view(t, s.num_kv_heads, s.head_dim))
-        v = self.v_sconv(self.wv_dv(x), batch).view(t, s.num_kv_heads, s.head_dim)
-        rel = self.wr_du(x).view(t, s.num_heads, self.d_rel)
+        xq, xk, xv, xr = self._projections(x)
+        q = self.q_norm(xq.reshape(t, s.num_heads, s.head_dim))
+        k = self.k_norm(self.k_sconv(xk, batch).view(t, s.num_kv_heads, s.head_dim))
+        v = self.v_sconv(xv, batch).view(t, s.num_kv_heads, s.head_dim)
+        rel = xr.reshape(t, s.num_heads, self.d_rel)
         return q, k, v, rel
+
+    def _projections(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """x's q/k/v/r projections ([T, rows] each). A short extend on the GPU (an MTP verify or draft
+        depth, a few-token prompt) reads the packed weights in one GEMV as decode does, not in four
+        cuBLAS GEMMs; the convs get contiguous inputs (they and their capture index rows)."""
+        mods = (self.wq_du, self.wk_dv, self.wv_dv, self.wr_du)
+        if self.wqkvr is None or not use_triton(x) or not applies(x, self.wqkvr):
+            return tuple(m(x) for m in mods)
+        xq, xk, xv, xr = decode_linear(x, self.wqkvr).split([m.weight.shape[0] for m in mods], dim=1)
+        return xq, xk.contiguous(), xv.contiguous(), xr
 
     def forward(self, x: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
         s = self.spec
@@ -120,7 +132,7 @@ class InklingAttention(nn.Module):
             tau = log_scaling_tau(batch.positions, self.log_scaling, self.log_alpha)
             q = (q.float() * tau[:, None, None]).to(q.dtype)
         o = batch.attn_backend.forward(q, k, v, rel, self.rel_logits_proj.proj, tau, s, batch)
-        return decode_linear(o, self.wo_ud.weight) if fused else self.wo_ud(o)
+        return decode_linear(o, self.wo_ud.weight) if use_triton(o) else self.wo_ud(o)
 
 
 def log_scaling_tau(positions: torch.Tensor, n_floor: int, alpha: float) -> torch.Tensor:
