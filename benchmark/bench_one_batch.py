@@ -490,6 +490,9 @@ def main(argv: list[str] | None = None) -> dict:
                    help="with --mtp: only the fixed k = 1..K and adaptive runs (skip the forced-length timings)")
     p.add_argument("--mtp-forced-only", action="store_true",
                    help="with --mtp: only the forced-length timings (skip the fixed k and adaptive runs)")
+    p.add_argument("--mtp-token-map-size", type=int, default=0,
+                   help="with --mtp: depths draft over this many token ids (a random draft vocabulary, as "
+                   "--speculative-token-map gives; the forced acceptance makes which ids irrelevant); 0: the full vocabulary")
     p.add_argument("--load-format", choices=("dummy",), default="dummy")
     p.add_argument("--quantization", choices=NVFP4_METHODS, default=None,
                    help="routed experts in NVFP4 (random codes and scales; W4A16 kernel on CUDA); default BF16")
@@ -513,6 +516,14 @@ def main(argv: list[str] | None = None) -> dict:
         if args.gemv_tiles:
             stack.enter_context(gemv_tiles(GemvTiles.parse(args.gemv_tiles)))
         return _main(args)
+
+
+def draft_token_map(cfg, args: argparse.Namespace) -> torch.Tensor | None:
+    """The MTP runs' draft vocabulary: --mtp-token-map-size random ids, sorted (None: the full vocabulary)."""
+    if not args.mtp_token_map_size:
+        return None
+    ids = torch.randperm(cfg.unpadded_vocab_size, generator=torch.Generator().manual_seed(1))
+    return ids[: args.mtp_token_map_size].sort().values
 
 
 def _main(args: argparse.Namespace) -> dict:
@@ -577,6 +588,7 @@ def _main(args: argparse.Namespace) -> dict:
         "decode_steps": args.decode_steps,
         "warmup_steps": args.warmup_steps,
         "runs": runs,
+        "mtp_token_map_size": args.mtp_token_map_size or None,
         "mtp": mtp,
         "mtp_adaptive": adaptive,
     }
