@@ -41,9 +41,10 @@ def _sconv_decode_kernel(
 
 @triton.jit
 def _sconv_extend_kernel(
-    X, W, State, Rows, PrefixLens, ExtendLens, QStart, Y,
-    stride_xt, stride_ss, stride_sk, stride_yt, C,
+    X, W, State, Rows, PrefixLens, ExtendLens, QStart, Y, Cap,
+    stride_xt, stride_ss, stride_sk, stride_yt, stride_cr, stride_ct, C,
     K: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr,
+    CAPTURE: tl.constexpr = False,
 ):  # fmt: skip
     b = tl.program_id(0)
     offs_c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
@@ -54,6 +55,13 @@ def _sconv_extend_kernel(
     # Lowest readable state index: a fresh sequence starts from zeros, whatever its slot holds.
     first_src = tl.where(tl.load(PrefixLens + b) > 0, -(K - 1), 0)
     st_base = State + row * stride_ss
+    cap_base = Cap + row * stride_cr
+    if CAPTURE:  # the window's first K-1 rows: the prior state (zeros for a fresh sequence)
+        offs_p = tl.arange(0, BLOCK_K)
+        p_ok = (offs_p < K - 1)[:, None] & c_ok[None, :]
+        prior = tl.load(st_base + offs_p[:, None] * stride_sk + offs_c[None, :],
+                        mask=p_ok & (offs_p - (K - 1) >= first_src)[:, None], other=0.0)  # fmt: skip
+        tl.store(cap_base + offs_p[:, None] * stride_ct + offs_c[None, :], prior.to(Cap.dtype.element_ty), mask=p_ok)
 
     for i0 in range(0, n, BLOCK_T):
         offs_t = i0 + tl.arange(0, BLOCK_T)
@@ -73,6 +81,9 @@ def _sconv_extend_kernel(
         y = x_cur + (acc + x_cur * w_last[None, :])
         tl.store(Y + (t0 + offs_t)[:, None] * stride_yt + offs_c[None, :], y.to(Y.dtype.element_ty),
                  mask=t_ok[:, None] & c_ok[None, :])  # fmt: skip
+        if CAPTURE:  # then the new inputs
+            tl.store(cap_base + (K - 1 + offs_t)[:, None] * stride_ct + offs_c[None, :],
+                     x_cur.to(Cap.dtype.element_ty), mask=t_ok[:, None] & c_ok[None, :])  # fmt: skip
 
     # New state: the last K-1 entries of [old state, new inputs].
     offs_k = tl.arange(0, BLOCK_K)
@@ -119,8 +130,12 @@ def sconv_extend(
     prefix_lens: torch.Tensor,  # [B] (only > 0 matters: whether the state is live)
     extend_lens: torch.Tensor,  # [B]
     q_start: torch.Tensor | None = None,  # [B] exclusive cumsum of extend_lens
+    capture: torch.Tensor | None = None,  # [rows, K-1 + tokens, C]: receives each sequence's window
 ) -> torch.Tensor:
-    """Ragged extend: y [T, C] in x's dtype; each sequence's state updated in place."""
+    """Ragged extend: y [T, C] in x's dtype; each sequence's state updated in place. With `capture`
+    (MTP's rollback windows), capture[row] also receives the sequence's window in the same launch:
+    its prior state (zeros for a fresh sequence), then its n inputs; the caller sizes it for the
+    longest extend."""
     k = _check(x, weight, state)
     x = x if x.stride(-1) == 1 else x.contiguous()
     y = torch.empty_like(x)
@@ -129,12 +144,17 @@ def sconv_extend(
     if q_start is None:
         q_start = torch.cumsum(extend_lens, 0) - extend_lens
     c = x.shape[1]
+    if capture is not None and (capture.dim() != 3 or capture.shape[1] < k or capture.shape[2] != c
+                                or capture.stride(2) != 1):  # fmt: skip
+        raise ValueError(f"sconv capture: {tuple(capture.shape)} for {c} channels and a window of {k - 1}")
+    cap = capture if capture is not None else y
     block_c = 64 if interpreting() else 128
     block_t = 8 if interpreting() else 32
     _sconv_extend_kernel[(rows.shape[0], triton.cdiv(c, block_c))](
-        x, weight, state, rows, prefix_lens, extend_lens, q_start, y,
-        x.stride(0), state.stride(0), state.stride(1), y.stride(0), c,
-        K=k, BLOCK_K=next_pow2(k - 1), BLOCK_T=block_t, BLOCK_C=block_c, num_warps=4,
+        x, weight, state, rows, prefix_lens, extend_lens, q_start, y, cap,
+        x.stride(0), state.stride(0), state.stride(1), y.stride(0),
+        cap.stride(0) if capture is not None else 0, cap.stride(1) if capture is not None else 0, c,
+        K=k, BLOCK_K=next_pow2(k - 1), BLOCK_T=block_t, BLOCK_C=block_c, CAPTURE=capture is not None, num_warps=4,
     )  # fmt: skip
     return y
 

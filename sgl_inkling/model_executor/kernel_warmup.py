@@ -109,10 +109,13 @@ def warm_up_kernels(runner, max_running_requests: int) -> None:
     log_compiles_after_warmup()
 
 
-def warm_up_mtp_kernels(runner, num_depths: int) -> None:
+def warm_up_mtp_kernels(runner, num_depths: int, trunk_capture=None, depth_capture=None) -> None:
     """Compile the kernels of the first num_depths MTP depths: every extend batch of warm-up, each
     depth on its own table offset (see above). Depths only ever run extends (verify and draft steps
-    of a few tokens per request run as decode queries, prompt chunks in the extend kernel)."""
+    of a few tokens per request run as decode queries, prompt chunks in the extend kernel). With the
+    worker's conv windows (speculative/conv_windows.py), a verify-like extend of the trunk and one of
+    every depth also run with them: the short conv's extend kernel writes them itself, a variant of
+    its own per window slice (their offsets in the shared buffers set the pointers' alignment)."""
     dev, hidden = runner.device, runner.model.cfg.hidden_size
     with torch.no_grad(), warming_up():
         for d in range(num_depths):
@@ -121,5 +124,16 @@ def warm_up_mtp_kernels(runner, num_depths: int) -> None:
                 batch = _pad_extend(runner, seqs)
                 batch.table_offset = offset
                 runner.forward_mtp(d, torch.zeros(sum(seqs), hidden, dtype=runner.dtype, device=dev), batch)
+        if trunk_capture is not None:
+            batch = _pad_extend(runner, [1])
+            batch.sconv_capture = trunk_capture
+            runner.forward_eager(batch)
+        if depth_capture is not None:
+            trunk_layers = runner.model.cfg.num_hidden_layers
+            for d in range(num_depths):
+                batch = _pad_extend(runner, [1])
+                batch.table_offset = d + 1
+                batch.sconv_capture = {trunk_layers + d: depth_capture[trunk_layers + d]}
+                runner.forward_mtp(d, torch.zeros(1, hidden, dtype=runner.dtype, device=dev), batch)
     if dev.type == "cuda":
         torch.cuda.synchronize(dev)

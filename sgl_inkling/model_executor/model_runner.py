@@ -100,6 +100,7 @@ class ModelRunner:
     def _attach(self, batch: ForwardBatch) -> ForwardBatch:
         batch.attn_backend = self.attn_backend
         batch.sconv_pool = self.sconv_pool
+        batch.reset_extend_starts()  # computed afresh inside each forward (a graph capture's own, too)
         self.attn_backend.init_forward_metadata(batch)
         return batch
 

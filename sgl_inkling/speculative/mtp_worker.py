@@ -100,7 +100,7 @@ class MTPWorker(DraftControl, GrammarDrafts, LaggingDepths):
 
         with warming_up():
             if self.runner.kernel_warmup:
-                warm_up_mtp_kernels(self.runner, self.num_steps)
+                warm_up_mtp_kernels(self.runner, self.num_steps, self.trunk_capture, self.step.depth_capture)
             self._capture_graphs()
 
     def _capture_graphs(self) -> None:

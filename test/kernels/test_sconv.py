@@ -71,3 +71,74 @@ def test_sconv_decode_continues_extend():
     parts = [sconv_extend(x[:9], weight, state, rows, 0 * one, 9 * one)]
     parts += [sconv_decode(x[i : i + 1], weight, state, rows) for i in range(9, 12)]
     torch.testing.assert_close(torch.cat(parts), full, atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("prefix_lens,extend_lens", [([5, 0, 9], [1, 2, 20]), ([3, 7, 4], [9, 9, 9])])
+def test_sconv_extend_captures_windows(dtype, prefix_lens, extend_lens):
+    """With `capture` (MTP's rollback windows) the extend also writes, per sequence, its prior state
+    (zeros for a fresh sequence) then its inputs into capture[row]: a channel slice of a wider fp32
+    buffer, as speculative/conv_windows.py hands it; other rows, channels and the columns past the
+    window are untouched, and the outputs and state equal the plain extend's."""
+    c, k, wide, tokens = CHANNELS[-1], 4, CHANNELS[-1] + 24, 24
+    g, weight, state = _setup(c, k, 5, 11)
+    rows = torch.tensor([2, 0, 4], device=DEVICE)
+    prefix = torch.tensor(prefix_lens, device=DEVICE)
+    ext = torch.tensor(extend_lens, device=DEVICE)
+    x = torch.randn(sum(extend_lens), c, generator=g).to(DEVICE, dtype)
+    buf = torch.randn(6, k - 1 + tokens, wide, generator=g).to(DEVICE)
+    before, prior = buf.clone(), state.clone()
+    plain_state = state.clone()
+    want_y = sconv_extend(x, weight, plain_state, rows, prefix, ext)
+    got_y = sconv_extend(x, weight, state, rows, prefix, ext, capture=buf[..., 8 : 8 + c])
+    torch.testing.assert_close(got_y, want_y, atol=0, rtol=0)
+    torch.testing.assert_close(state, plain_state, atol=0, rtol=0)
+    want = before.clone()
+    offset = 0
+    for row, p, n in zip(rows.tolist(), prefix_lens, extend_lens):
+        want[row, : k - 1, 8 : 8 + c] = prior[row] if p > 0 else 0.0
+        want[row, k - 1 : k - 1 + n, 8 : 8 + c] = x[offset : offset + n].float()
+        offset += n
+    torch.testing.assert_close(buf, want, atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("extend_lens", [[9, 9, 9], [1, 4, 20]])
+def test_short_conv_capture_kernel_equals_torch_capture(extend_lens):
+    """The model's ShortConv on an MTP batch (sconv_capture set): the Triton path, whose extend kernel
+    writes the windows, leaves the same windows, states and outputs as the torch path's `_capture`
+    plus reference conv, in every stream's slice of ConvWindows' shared buffer."""
+    from sgl_inkling.mem_cache.memory_pool import SConvStatePool
+    from sgl_inkling.model_executor.forward_batch import ForwardBatch, ForwardMode
+    from sgl_inkling.models.inkling.sconv import ShortConv
+    from sgl_inkling.speculative.conv_windows import ConvWindows
+    from sgl_inkling_kernels._triton import kernel_dispatch
+
+    c, k, layer = CHANNELS[-1], 4, 3
+    g = torch.Generator().manual_seed(5)
+    chans = (c, 48, c + 16, 32)
+    convs = [ShortConv(ch, k, layer, s).to(DEVICE) for s, ch in enumerate(chans)]
+    for conv in convs:
+        conv.weight.data = (0.3 * torch.randn(conv.weight.shape, generator=g)).to(DEVICE)
+    rows, prefix = [2, 0, 4], [5, 0, 3]
+    xs = [torch.randn(sum(extend_lens), ch, generator=g).to(DEVICE, torch.bfloat16) for ch in chans]
+    states0 = [torch.randn(6, k - 1, ch, generator=g).to(DEVICE) for ch in chans]
+
+    def run(kernels: bool):
+        pool = SConvStatePool(6, {layer: chans}, k, DEVICE)
+        for st, s0 in zip(pool.states[layer], states0):
+            st.copy_(s0)
+        windows = ConvWindows(pool, [[layer]], max(extend_lens))
+        windows.groups[0][0].fill_(7.0)  # stale values a capture must overwrite (or leave, past the window)
+        batch = ForwardBatch.build(ForwardMode.EXTEND, [[0] * n for n in extend_lens], rows, prefix,
+                                   [0] * sum(extend_lens), [0] * sum(extend_lens), torch.device(DEVICE))  # fmt: skip
+        batch.sconv_pool, batch.sconv_capture = pool, windows
+        with kernel_dispatch(kernels):
+            ys = [conv(x, batch) for conv, x in zip(convs, xs)]
+        return ys, pool.states[layer], windows.groups[0][0]
+
+    ys, states, buf = run(True)
+    ys_ref, states_ref, buf_ref = run(False)
+    torch.testing.assert_close(buf, buf_ref, atol=0, rtol=0)
+    for y, y_ref, st, st_ref in zip(ys, ys_ref, states, states_ref):
+        torch.testing.assert_close(y.float(), y_ref.float(), atol=1e-2, rtol=1e-2)
+        torch.testing.assert_close(st, st_ref, atol=1e-6, rtol=0)

@@ -50,7 +50,9 @@ def test_sinks_gemv_matches_a_brute_force(dtype, tol, t):
     if dtype == torch.float32:  # and it is the cuBLAS path's result
         ref = torch.full_like(out, float("nan"))
         sinks_blas(x, sw13, sw2, gam, ref, topk)
-        torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-6, equal_nan=True)
+        # Two fp32 summation orders (and the CPU BLAS's depends on its thread count, so on the load):
+        # an absolute bound relative to the outputs' scale, as above; 1e-6 flat failed once at 1.2e-6.
+        torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5 * scale, equal_nan=True)
 
 
 def test_sinks_gemv_refuses_what_it_cannot_hold():

@@ -62,7 +62,7 @@ class TritonBackend(AttentionBackend):
                 width=_common(lens),
             )
             return
-        self._q_start = torch.cumsum(batch.extend_lens, 0) - batch.extend_lens
+        self._q_start = batch.extend_starts()
         short = [i for i, n in enumerate(lens) if 0 < n <= SHORT_EXTEND]
         if not short:
             return

@@ -25,15 +25,25 @@ class ShortConv(nn.Module):
 
     def forward(self, x: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
         state = batch.sconv_pool.state(self.layer_id, self.stream)  # [slots, K-1, C]
-        if batch.mode is not ForwardMode.DECODE and batch.sconv_snapshots:
+        decode = batch.mode is ForwardMode.DECODE
+        if not decode and batch.sconv_snapshots:
             _snapshot(x, state, batch, self.layer_id, self.stream)  # before the state moves on
+        capture = None
         if batch.sconv_capture is not None and self.layer_id in batch.sconv_capture:
-            _capture(x, state, batch, batch.sconv_capture[self.layer_id][self.stream])
+            capture = batch.sconv_capture[self.layer_id][self.stream]
+            if decode or not use_triton(x):
+                _capture(x, state, batch, capture)
+                capture = None
         if use_triton(x):
-            if batch.mode is ForwardMode.DECODE:
+            if decode:
                 return sconv_decode(x, self.weight, state, batch.req_pool_indices)
+            # The extend kernel writes MTP's window itself (4 launches a stream fewer in verify and draft steps).
+            if capture is not None and max(batch.extend_lens_cpu, default=0) > capture.shape[1] - state.shape[1]:
+                raise ValueError(f"MTP conv capture holds {capture.shape[1] - state.shape[1]} tokens, the batch "
+                                 f"brings {max(batch.extend_lens_cpu)}")  # fmt: skip
             return sconv_extend(
-                x, self.weight, state, batch.req_pool_indices, batch.prefix_lens, batch.extend_lens
+                x, self.weight, state, batch.req_pool_indices, batch.prefix_lens, batch.extend_lens,
+                q_start=batch.extend_starts(), capture=capture,
             )
         w = self.weight.float()[:, 0, :].t()  # [K, C]
         xf = x.float()
