@@ -115,12 +115,12 @@ class InklingAttention(nn.Module):
     def _projections(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """x's q/k/v/r projections ([T, rows] each). A short extend on the GPU (an MTP verify or draft
         depth, a few-token prompt) reads the packed weights in one GEMV as decode does, not in four
-        cuBLAS GEMMs; the convs get contiguous inputs (they and their capture index rows)."""
+        cuBLAS GEMMs. The four come back as column slices of one output: the conv kernels and the
+        attention kernels take row strides, and the q norm copies its rows out first."""
         mods = (self.wq_du, self.wk_dv, self.wv_dv, self.wr_du)
         if self.wqkvr is None or not use_triton(x) or not applies(x, self.wqkvr):
             return tuple(m(x) for m in mods)
-        xq, xk, xv, xr = decode_linear(x, self.wqkvr).split([m.weight.shape[0] for m in mods], dim=1)
-        return xq, xk.contiguous(), xv.contiguous(), xr
+        return decode_linear(x, self.wqkvr).split([m.weight.shape[0] for m in mods], dim=1)
 
     def forward(self, x: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
         s = self.spec
