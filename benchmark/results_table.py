@@ -64,7 +64,8 @@ def config_of(d: dict) -> str:
         c = d["config"]
         return f"H {c['hidden']}, I {c['inter']}, {c['experts']} experts, top-{c['top_k']}, {c['sinks']} sinks"
     if "config" in d:
-        return d["config"]
+        vocab = d.get("mtp_token_map_size")  # MTP drafting over a subset of the vocabulary: a table of its own
+        return d["config"] + (f", {vocab}-token draft vocabulary" if vocab else "")
     server = d.get("server_args", {})
     name = str(server.get("served_model_name") or "?")
     if server.get("speculative_algorithm"):  # MTP serving is a table of its own, never the plain one
@@ -174,7 +175,7 @@ def adaptive_table(d: dict) -> str:
               "learned from flat prior / best", "learned, long run / best",
               "plain tok/s/user @66", "adaptive speed-up (its choices)"]  # fmt: skip
     curve = ", ".join(f"{x:g}" for x in d["mtp_adaptive"][0]["benchmark_only_forced_acceptance_curve"])
-    return (f"Adaptive MTP, {d['config']}: drafts accepted at the forced per-depth curve {curve} (a "
+    return (f"Adaptive MTP, {config_of(d)}: drafts accepted at the forced per-depth curve {curve} (a "
             f"benchmark-only switch), every fixed k = 0..8 against the chooser; \"its choices\": the k it chose "
             f"in its timed steps, each at the fixed-k run's step time; \"long run\": the chooser alone on the host "
             f"for thousands of steps, charged the same times (source: {source(d)}):\n\n"
@@ -298,7 +299,8 @@ def render(results: dict[tuple[str, str, str], dict]) -> str:
     parts = []
     for (kind, cfg, gpu), d in sorted(results.items()):
         if kind == "bench_one_batch":
-            parts.append(decode_table(d))
+            if not d.get("mtp_token_map_size"):  # a draft vocabulary changes MTP only: its decode rows are the plain table's
+                parts.append(decode_table(d))
             if d.get("mtp"):
                 parts.append(mtp_table(d))
             # Adaptive runs from before plain decode (k = 0) was timed beside them fed the chooser

@@ -173,3 +173,19 @@ def test_runs_on_two_cards_are_two_tables_each_with_its_ceiling(tmp_path):
     assert "floors at 3.00 TB/s" in by_card["H100"] and "| kernels | 64 |" in by_card["H100"]
     assert "| kernels | 1 |" not in by_card["H100"]
     assert "floors at 4.30 TB/s" in by_card["H200"] and "| kernels | 64 |" not in by_card["H200"]
+
+
+def test_a_draft_vocabulary_run_is_a_table_of_its_own_without_decode_rows(tmp_path):
+    """bench_one_batch --mtp-token-map-size: its MTP figures never replace the full-vocabulary run's of
+    the same config and card (a newer file would, by batch size), and its plain decode rows, the same
+    measurement as the plain table's, are not shown twice."""
+    full = one_batch(1, 8.0, 2.0, "2026-01-01T00:00:00") | {"mtp": [{"batch_size": 1, "runs": []}]}
+    mapped = one_batch(1, 7.0, 2.5, "2026-01-02T00:00:00") | {"mtp_token_map_size": 32768}
+    for name, d in (("full.json", full), ("mapped.json", mapped)):
+        (tmp_path / name).write_text(json.dumps(d))
+    results = results_table.load([tmp_path], include_cpu=False)
+    configs = {cfg for _, cfg, _ in results}
+    assert configs == {"inkling-slice", "inkling-slice, 32768-token draft vocabulary"}
+    assert results[("bench_one_batch", "inkling-slice", "H200")]["mtp"] == full["mtp"]
+    text = results_table.render({k: v for k, v in results.items() if "draft vocabulary" in k[1]})
+    assert "Decode latency" not in text
