@@ -44,7 +44,7 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--tokens", type=int, default=1,
                    help="tokens per request and step: > 1 profiles an MTP verify's shape (an extend of that many "
-                   "tokens with logits at each, as verify_graphs runs it)")
+                   "tokens with logits at each, as verify_graphs runs it, without its conv-window capture)")
     p.add_argument("--out", type=Path, default=None)
     p.add_argument("--unfused", action="store_true", help="the kernels before the decode fusions")
     p.add_argument("--compare", action="store_true", help="profile unfused, then fused")
