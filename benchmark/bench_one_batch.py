@@ -518,12 +518,13 @@ def main(argv: list[str] | None = None) -> dict:
         return _main(args)
 
 
-def draft_token_map(cfg, args: argparse.Namespace) -> torch.Tensor | None:
-    """The MTP runs' draft vocabulary: --mtp-token-map-size random ids, sorted (None: the full vocabulary)."""
-    if not args.mtp_token_map_size:
+def draft_token_map(cfg, size: int) -> torch.Tensor | None:
+    """A benchmark's draft vocabulary: `size` random token ids, sorted (None for size 0: the full
+    vocabulary). Forced acceptance makes which ids irrelevant; their number sets the depths' cost."""
+    if not size:
         return None
     ids = torch.randperm(cfg.unpadded_vocab_size, generator=torch.Generator().manual_seed(1))
-    return ids[: args.mtp_token_map_size].sort().values
+    return ids[:size].sort().values
 
 
 def _main(args: argparse.Namespace) -> dict:

@@ -60,7 +60,7 @@ def run_adaptive(model, cfg, bsz: int, args, gen, h) -> dict:
     ctx = args.input_len + (timed + max(learn.values())) * (2 * k_max + 2) + 16
     runner = ModelRunner(model, bsz, ctx, bsz * ctx, attention_backend=args.attention_backend,
                          cuda_graph_max_bs=bsz if clock.cuda else 0)  # fmt: skip
-    worker = MTPWorker(runner, k_max, adaptive=True, token_map=h.draft_token_map(cfg, args))
+    worker = MTPWorker(runner, k_max, adaptive=True, token_map=h.draft_token_map(cfg, args.mtp_token_map_size))
     seqs = h.Seqs(runner, bsz)
 
     def rand(n: int) -> list[list[int]]:

@@ -45,7 +45,7 @@ def run_mtp(model, cfg, bsz: int, args, gen, h) -> dict:
     steps_total = args.warmup_steps + args.decode_steps
     ctx = args.input_len + len(args.mtp_accept) * steps_total * (2 * k + 2) + 16
     runner = ModelRunner(model, bsz, ctx, bsz * ctx, attention_backend=args.attention_backend)
-    worker = MTPWorker(runner, k, token_map=h.draft_token_map(cfg, args))
+    worker = MTPWorker(runner, k, token_map=h.draft_token_map(cfg, args.mtp_token_map_size))
     seqs = h.Seqs(runner, bsz)
 
     def rand(n: int) -> list[list[int]]:

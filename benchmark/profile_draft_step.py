@@ -21,7 +21,7 @@ from torch.profiler import ProfilerActivity, profile
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "kernels")]
 
-from benchmark.bench_one_batch import Seqs  # noqa: E402
+from benchmark.bench_one_batch import Seqs, draft_token_map  # noqa: E402
 from benchmark.kernel_profile import kernel_rows, report  # noqa: E402
 from benchmark.mtp_timing import draft_step_args  # noqa: E402
 from sgl_inkling.model_executor.model_loader import build_model  # noqa: E402
@@ -46,11 +46,7 @@ def main() -> None:
     cfg, bsz = config.text, args.batch_size
     ctx = args.input_len + 64
     runner = ModelRunner(model, bsz, ctx, bsz * ctx, attention_backend="triton")
-    vocab = cfg.unpadded_vocab_size
-    token_map = None
-    if args.token_map_size:
-        token_map = torch.randperm(vocab, generator=torch.Generator().manual_seed(1))[: args.token_map_size].sort().values
-    worker = MTPWorker(runner, None, token_map=token_map)
+    worker = MTPWorker(runner, None, token_map=draft_token_map(cfg, args.token_map_size))
     k = worker.num_steps
     gen = torch.Generator().manual_seed(0)
 

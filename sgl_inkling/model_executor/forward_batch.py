@@ -63,7 +63,7 @@ class ForwardBatch:
     # p + d + 1 and keeps its KV in that token's slot (see speculative/levels.py).
     table_offset: int = 0
     # extend_starts(), computed by its first caller in this forward.
-    _extend_starts: torch.Tensor | None = field(default=None, repr=False)
+    _extend_starts: torch.Tensor | None = field(default=None, init=False, repr=False)
 
     def extend_starts(self) -> torch.Tensor:
         """Each sequence's first row in the flattened tokens ([B], the exclusive cumsum of extend_lens),
