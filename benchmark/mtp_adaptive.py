@@ -87,14 +87,17 @@ def run_adaptive(model, cfg, bsz: int, args, gen, h) -> dict:
             _learn_on_host(worker, bsz, args.mtp_learn_steps)
         k = worker.choose(bsz) if adaptive else mode
         warm = args.warmup_steps + learn.get(mode, 0)
-        steps = args.mtp_adaptive_steps if adaptive else args.decode_steps
+        # With tails a fixed k's draft steps differ too (some catch the depths past k up): as many
+        # steps as the adaptive runs, and means of them.
+        steps = args.mtp_adaptive_steps if adaptive or worker.tail_lag else args.decode_steps
         verify_ms, draft_ms, tokens, ks = [], [], [], []
         lag = [0]  # plain steps the depths are behind (the same for every sequence of the batch)
+        tails = {"lags": [0] * bsz, "froms": [0] * bsz}  # depths past k behind (lagging.py), per sequence
         for step in range(warm + steps):
             if k == 0:
                 k_next, times, emitted = _plain_step(worker, runner, seqs, clock, rand, lag, adaptive, bsz)
             else:
-                k_next, times, emitted = _step(worker, runner, seqs, clock, rand, k, adaptive, bsz)
+                k_next, times, emitted = _step(worker, runner, seqs, clock, rand, k, tails, adaptive, bsz)
             if step >= warm:
                 verify_ms.append(times[0])
                 draft_ms.append(times[1])
@@ -107,7 +110,7 @@ def run_adaptive(model, cfg, bsz: int, args, gen, h) -> dict:
         # one of draft times mixes plain steps' verifies with drafting steps' drafts).
         per_step = statistics.fmean(expected_tokens(rates, x) for x in ks)
         avg = statistics.fmean if adaptive else statistics.median
-        verify, draft = avg(verify_ms), avg(draft_ms)
+        verify, draft = avg(verify_ms), (statistics.fmean if worker.tail_lag else avg)(draft_ms)
         verify66 = max(verify - head_floor, 0.0) * trunk_scale + head_floor
         out.append({
             "k": mode,
@@ -203,9 +206,11 @@ def from_choices(runs: list[dict], mode: str, curve: list[float]) -> float | Non
     return tokens * 1e3 / sum(n * fixed[k] for k, n in used.items())
 
 
-def _step(worker: MTPWorker, runner, seqs, clock, rand, k: int, adaptive: bool, bsz: int) -> tuple[int, tuple, float]:
-    """One verify of k drafts and the draft step after it; returns (next k, (verify ms, draft ms),
-    mean tokens emitted)."""
+def _step(worker: MTPWorker, runner, seqs, clock, rand, k: int, tails: dict, adaptive: bool,
+          bsz: int) -> tuple[int, tuple, float]:  # fmt: skip
+    """One verify of k drafts and the draft step after it (MTPWorker.draft_fixed, as serving runs it:
+    the depths past the next k skip it and catch up now and then); returns (next k, (verify ms,
+    draft ms), mean tokens emitted)."""
     dev = runner.device
     starts = list(seqs.lens)
     vb = seqs.batch(rand(k + 1), logits_counts=[k + 1] * bsz)
@@ -228,20 +233,10 @@ def _step(worker: MTPWorker, runner, seqs, clock, rand, k: int, adaptive: bool, 
     kept = [x + 1 for x in accepted]
     seqs.lens = [s + n for s, n in zip(starts, kept)]
     seqs.extra_slots(starts, k + 1, max(kept) + worker.num_steps + 1)
-    args = (
-        torch.tensor(seqs.rows, device=dev),
-        torch.tensor(starts, device=dev),
-        torch.tensor(kept, device=dev),
-        torch.ones(bsz, dtype=torch.int64, device=dev),
-        ids,
-        torch.tensor([t[0] for t in rand(1)], device=dev),
-        res.hidden.view(bsz, k + 1, -1),
-    )
+    rows, pending, hidden = torch.tensor(seqs.rows, device=dev), [t[0] for t in rand(1)], res.hidden.view(bsz, k + 1, -1)
     c = clock.start()
-    if worker.draft_graphs is not None and bsz <= worker.draft_graphs.max_bs:
-        worker.draft_graphs.replay(*args, depths=k_next)
-    else:
-        worker.step.run(*args, host_start=starts, depths=k_next)
+    tails["lags"], tails["froms"] = worker.draft_fixed(rows, starts, kept, [1] * bsz, ids, pending, hidden, k_next,
+                                                       tails["lags"], tails["froms"])  # fmt: skip
     e = clock.mark()
     clock.sync()
     return k_next, (clock.ms(a, b), clock.ms(c, e)), statistics.fmean(kept)
@@ -250,7 +245,8 @@ def _step(worker: MTPWorker, runner, seqs, clock, rand, k: int, adaptive: bool, 
 def _plain_step(worker: MTPWorker, runner, seqs, clock, rand, lag: list[int], adaptive: bool,
                 bsz: int) -> tuple[int, tuple, float]:  # fmt: skip
     """k = 0: one plain decode step; the depths catch up when their buffers are full (before the
-    step) or when the next step drafts (after it). Returns what _step does."""
+    step) or when the next step drafts (after it); no tail lags then (a step drafting 0 catches
+    them up). Returns what _step does."""
     dev, cap = runner.device, worker.lag_capacity
     rows = torch.tensor(seqs.rows, device=dev)
     a = clock.start()

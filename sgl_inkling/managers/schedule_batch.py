@@ -58,7 +58,10 @@ class Req:
     draft_count: int = 0  # drafts in its draft_buf row for the next verify (the k chosen when drafted)
     draft_open: bool = False  # the grammar still constrains the next draft
     draft_tentative: int = 0  # drafts the grammar accepted tentatively (rolled back after drafting)
-    depth_lag: int = 0  # MTP: tokens the trunk consumed in plain decode steps that the depths have not
+    # MTP (speculative/lagging.py): the last depth_lag committed tokens are not yet consumed by depths
+    # lag_from.. (0: all of them, after plain decode steps; k: the ones past a step's k drafting depths)
+    depth_lag: int = 0
+    lag_from: int = 0
     spec_verify_ct: int = 0
     spec_accepted_drafts: int = 0
     mm_items: list | None = None  # sgl_inkling.multimodal.MediaItem, by prompt position

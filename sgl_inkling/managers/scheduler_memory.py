@@ -66,8 +66,8 @@ def checkpoint_bytes(model: InklingForCausalLM, mtp_steps: int = 0) -> int:
 def mtp_bytes_per_request(model: InklingForCausalLM, num_steps: int) -> int:
     """MTP's per-request buffers (speculative/mtp_worker.py): the conv windows captured for
     rollback (trunk layers over K + 1 verified tokens, depths over up to 2K + 1), the depths'
-    carried hidden states, the drafts, and the tokens and trunk hiddens kept for the depths during
-    plain decode steps (lagging.py)."""
+    carried hidden states, the drafts, and the tokens and lower levels' hiddens kept for depths that
+    lag (lagging.py)."""
     width = model.cfg.conv_kernel_size - 1
     trunk = model.cfg.num_hidden_layers
     total = 0
@@ -76,7 +76,7 @@ def mtp_bytes_per_request(model: InklingForCausalLM, num_steps: int) -> int:
             total += 4 * (width + num_steps + 1) * sum(chans)
         elif layer < trunk + num_steps:
             total += 4 * (width + 2 * num_steps + 1) * sum(chans)
-    lagged = (num_steps + 1) * (4 * model.cfg.hidden_size + 8)
+    lagged = (2 * num_steps + 2) * (4 * model.cfg.hidden_size + 8)  # up to 2K + 1 tokens, one column of spill
     return total + 4 * num_steps * model.cfg.hidden_size + 8 * num_steps + lagged
 
 

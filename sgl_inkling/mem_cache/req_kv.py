@@ -189,7 +189,8 @@ class ReqKVManager:
         spans = []  # (row, lo, hi): positions [lo, hi) of the row go
         for req in reqs:
             lo = max(req.swa_released, req.owned)
-            hi = max(0, req.kv_len - self.window + 1)
+            # MTP depths that lag (speculative/lagging.py) have yet to attend from depth_lag tokens back.
+            hi = max(0, req.kv_len - req.depth_lag - self.window + 1)
             if hi > lo:
                 spans.append((req.row, lo, hi))
             req.swa_released = max(req.swa_released, hi)

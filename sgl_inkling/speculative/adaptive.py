@@ -131,18 +131,42 @@ class AcceptanceTracker:
         return [a / n if n else None for a, n in zip(self.accepted, self.reached)]
 
 
+def tail_catch_up_rate(tokens: float, capacity: int) -> float:
+    """Catch-ups per step of depths that lag `tokens` a step on average until the next step's would
+    overflow `capacity` (about capacity / tokens steps apart, less the part of a step's tokens that
+    does not fit at the end)."""
+    return tokens / max(capacity + 1 - tokens, 1.0)
+
+
 @dataclass
 class StepCosts:
-    """Time per speculative step, by batch bucket and number of drafts: costs[b][k], k = 0..K."""
+    """Time per speculative step, by batch bucket and number of drafts: costs[b][k], k = 0..K. With
+    tails (lagging.py), tail_catch_up[b][k] is the catch-up of the depths past k, which a step
+    drafting k skips (their lag grows by the step's kept tokens, up to tail_capacity)."""
 
     costs: dict[int, list[float]]
     unit: str = "s"  # "s" when measured, "relative" for the given table
+    tail_catch_up: dict[int, list[float]] | None = None
+    tail_capacity: int = 0
+
+    def _bucket(self, bs: int) -> int:
+        """The smallest measured bucket that holds bs requests (else the largest)."""
+        buckets = sorted(self.costs)
+        return buckets[min(bisect.bisect_left(buckets, bs), len(buckets) - 1)]
 
     def for_batch(self, bs: int) -> list[float]:
-        """The table of the smallest measured bucket that holds bs requests (else the largest)."""
-        buckets = sorted(self.costs)
-        i = bisect.bisect_left(buckets, bs)
-        return self.costs[buckets[min(i, len(buckets) - 1)]]
+        """The step times of bs requests' bucket."""
+        return self.costs[self._bucket(bs)]
+
+    def expected(self, bs: int, rates: Sequence[float]) -> list[float]:
+        """The step times of bs requests with each k's share of its tails' catch-ups, at the kept
+        tokens a step emits under `rates`: what the chooser compares."""
+        b = self._bucket(bs)
+        cost = self.costs[b]
+        if self.tail_catch_up is None:
+            return cost
+        return [c + t * tail_catch_up_rate(expected_tokens(rates, k), self.tail_capacity)
+                for k, (c, t) in enumerate(zip(cost, self.tail_catch_up[b]))]  # fmt: skip
 
     @classmethod
     def given(cls, num_steps: int) -> StepCosts:
@@ -155,4 +179,9 @@ class StepCosts:
         """For the server info: milliseconds (or relative units) per bucket, k = 0..K."""
         scale = 1e3 if self.unit == "s" else 1.0
         by_bucket = {str(b): [round(c * scale, 4) for c in v] for b, v in sorted(self.costs.items())}
-        return {"unit": "ms" if self.unit == "s" else self.unit, "by_batch_bucket": by_bucket}
+        out = {"unit": "ms" if self.unit == "s" else self.unit, "by_batch_bucket": by_bucket}
+        if self.tail_catch_up is not None:
+            out["tail_catch_up_by_batch_bucket"] = {str(b): [round(c * scale, 4) for c in v]
+                                                    for b, v in sorted(self.tail_catch_up.items())}  # fmt: skip
+            out["tail_capacity"] = self.tail_capacity
+        return out

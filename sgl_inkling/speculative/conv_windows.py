@@ -22,7 +22,7 @@ class ConvWindows(dict):
     def __init__(self, pool: SConvStatePool, groups: list[list[int]], tokens: int):
         super().__init__()
         self.width = pool.width
-        self.groups: list[tuple[torch.Tensor, list]] = []  # (buffer, [(state, first channel, end)])
+        self.groups: list[tuple[torch.Tensor, list]] = []  # (buffer, [(layer, (state, first channel, end))])
         for layers in groups:
             states = [s for layer in layers for s in pool.states[layer]]
             channels = sum(s.shape[-1] for s in states)
@@ -31,15 +31,20 @@ class ConvWindows(dict):
             for layer in layers:
                 self[layer] = []
                 for state in pool.states[layer]:
-                    slices.append((state, lo, lo + state.shape[-1]))
+                    slices.append((layer, (state, lo, lo + state.shape[-1])))
                     self[layer].append(buf[..., lo : lo + state.shape[-1]])
                     lo += state.shape[-1]
             self.groups.append((buf, slices))
 
-    def restore(self, rows: torch.Tensor, n: torch.Tensor) -> None:
-        """Each layer's conv state after the first n[i] tokens of its captured window."""
+    def restore(self, rows: torch.Tensor, n: torch.Tensor, layers: range | None = None) -> None:
+        """Each layer's conv state after the first n[i] tokens of its captured window; only `layers`
+        when given (the others' windows were not written: MTP depths that did not run)."""
         idx = n[:, None] + torch.arange(self.width, device=n.device)  # [B, K-1]
         for buf, slices in self.groups:
-            window = buf[rows[:, None], idx]
-            for state, lo, hi in slices:
+            window = None
+            for layer, (state, lo, hi) in slices:
+                if layers is not None and layer not in layers:
+                    continue
+                if window is None:
+                    window = buf[rows[:, None], idx]
                 state[rows] = window[..., lo:hi]

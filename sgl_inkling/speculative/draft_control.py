@@ -31,9 +31,9 @@ class DraftControl:
         one to explore within its budget (exploration.py)."""
         k = self.num_steps
         if self.adaptive and self.costs is not None:
-            cost = self.costs.for_batch(max(bs, 1))
             self.tracker.tick()
             rates = self.tracker.estimates()
+            cost = self.costs.expected(max(bs, 1), rates)
             k = self.explorer.pick(self.tracker, rates, cost, choose_k(rates, cost))
         self.k_steps[k] += 1
         return k

@@ -21,16 +21,17 @@ import xgrammar as xgr
 from sgl_inkling.model_executor.cuda_graph_runner import bucket_for, buckets_up_to, capture_graph
 from sgl_inkling.speculative.draft_step import DraftStep
 
-_PER_REQ = ("rows", "start", "n", "live", "pending")
+_PER_REQ = ("rows", "start", "n", "live", "pending", "lag_at")
 
 
 class DraftGraphRunner:
     def __init__(self, step: DraftStep, max_bs: int, depths=None, pool=None, capture: bool = True,
-                 masks: bool = False):  # fmt: skip
+                 masks: bool = False, tails: bool = False):  # fmt: skip
         self.step = step
         runner = step.runner
         self.buckets = buckets_up_to(max_bs)
         self.pad_row = runner.req_to_token.pad_row
+        # Columns of verified tokens or, in a catch-up after plain steps, of lagged ones (<= K + 1).
         n, r, dev = self.buckets[-1], step.k + 1, runner.device
         self.static = {f: torch.zeros(n, dtype=torch.int64, device=dev) for f in _PER_REQ}
         self.static["ids"] = torch.zeros(n, r, dtype=torch.int64, device=dev)
@@ -41,15 +42,25 @@ class DraftGraphRunner:
         self._masked_rows = 0  # rows of static["mask"] holding a grammar's mask (reset to all ones when unused)
         self._pad(0, n)
         self.depths = sorted(depths if depths is not None else [step.k], reverse=True)
-        self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
+        # (drafting depths, first depth that skips) per graph: K where none does; with tails, each k
+        # between 0 and K also with the depths past it skipping (lagging.py)
+        big = step.k
+        self.variants = [(k, big) for k in self.depths]
+        self.variants += [(k, k) for k in self.depths if tails and 0 < k < big]
+        self.catch_up_firsts = [f for f in range(1, big) if tails and f in self.depths]  # tails that catch up
+        self.graphs: dict[tuple[int, int, int], torch.cuda.CUDAGraph] = {}
+        self.catch_up_graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
         self.restore_graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.eager = not capture
         if not capture:
             return
         self.pool = pool if pool is not None else torch.cuda.graph_pool_handle()
         for bs in reversed(self.buckets):
-            for k in self.depths:
-                self.graphs[bs, k], _ = capture_graph(lambda bs=bs, k=k: self.run(bs, k), self.pool)
+            for k, tail in self.variants:
+                self.graphs[bs, k, tail], _ = capture_graph(lambda bs=bs, k=k, t=tail: self.run(bs, k, t), self.pool)
+            for first in self.catch_up_firsts:
+                self.catch_up_graphs[bs, first], _ = capture_graph(lambda bs=bs, f=first: self.run_catch_up(bs, f),
+                                                                   self.pool)  # fmt: skip
             self.restore_graphs[bs], _ = capture_graph(lambda bs=bs: self.restore(bs), self.pool)
 
     @property
@@ -62,26 +73,51 @@ class DraftGraphRunner:
         s["start"][lo:hi] = self.step.min_start()
         s["n"][lo:hi] = 1
         s["live"][lo:hi] = 0
+        s["lag_at"][lo:hi] = 0
 
-    def run(self, bs: int, depths: int) -> None:
-        """The step on the static inputs of bucket bs, the trunk's rollback left out (what a graph holds)."""
+    def _host_start(self, bs: int) -> list[int] | None:
+        """Eager: the starts on the host, for the reference backend's loops (graphs read none)."""
+        return self.static["start"][:bs].tolist() if self.eager else None
+
+    def run(self, bs: int, depths: int, tail: int | None = None) -> None:
+        """The step on the static inputs of bucket bs, the trunk's rollback left out (what a graph holds);
+        depths tail.. skip it (default: none)."""
         s = self.static
-        host = [self.step.min_start()] * bs if self.eager else None  # for the reference backend's loops
         args = (s[f][:bs] for f in ("rows", "start", "n", "live", "ids", "pending", "hidden"))
         mask = s["mask"][:bs] if "mask" in s else None
-        self.step.run(*args, host_start=host, depths=depths, restore_trunk=False, first_mask=mask)
+        tail = None if tail is None or tail == self.step.k else tail
+        self.step.run(*args, host_start=self._host_start(bs), depths=depths, restore_trunk=False, first_mask=mask,
+                      tail=tail, lag_at=s["lag_at"][:bs])  # fmt: skip
+
+    def run_catch_up(self, bs: int, first: int) -> None:
+        """A tail's catch-up (DraftStep.catch_up_tail) on the static inputs of bucket bs."""
+        s = self.static
+        self.step.catch_up_tail(s["rows"][:bs], s["start"][:bs], s["n"][:bs], first, host_start=self._host_start(bs))
 
     def restore(self, bs: int) -> None:
         """The trunk's rollback on the static inputs of bucket bs."""
         self.step.restore_trunk(self.static["rows"][:bs], self.static["n"][:bs])
 
+    def replay_catch_up(self, rows: torch.Tensor, start: torch.Tensor, n: torch.Tensor, first: int) -> None:
+        """DraftStep.catch_up_tail's arguments (batch size <= max_bs)."""
+        bs = rows.shape[0]
+        bucket = bucket_for(self.buckets, bs)
+        for f, x in (("rows", rows), ("start", start), ("n", n)):
+            self.static[f][:bs].copy_(x)
+        if bucket > bs:
+            self._pad(bs, bucket)
+        self.catch_up_graphs[bucket, first].replay()
+
     def replay(self, rows, start, n, live, ids, pending, hidden, depths: int, restore_trunk: bool = True,
-               first_mask=None) -> None:  # fmt: skip
+               first_mask=None, tail: int | None = None, lag_at: torch.Tensor | None = None) -> None:  # fmt: skip
         """Same arguments as DraftStep.run (device tensors, batch size <= max_bs, ids and hidden
-        of any verify width <= K + 1; first_mask needs masks=True)."""
+        of any verify width <= K + 1; first_mask needs masks=True; tail K or None: no depth skips)."""
         bs = rows.shape[0]
         bucket = bucket_for(self.buckets, bs)
         s = self.static
+        tail = self.step.k if tail is None else tail
+        if tail < self.step.k:
+            s["lag_at"][:bs].copy_(lag_at)
         for f, x in (("rows", rows), ("start", start), ("n", n), ("live", live), ("pending", pending)):
             s[f][:bs].copy_(x)
         r = ids.shape[1]
@@ -94,7 +130,7 @@ class DraftGraphRunner:
         if callable(first_mask):  # computed on the host while the device rolls the trunk back
             first_mask = first_mask()
         self._load_mask(first_mask)
-        self.graphs[bucket, depths].replay()
+        self.graphs[bucket, depths, tail].replay()
 
     def _load_mask(self, mask: torch.Tensor | None) -> None:
         if mask is not None and "mask" not in self.static:

@@ -12,6 +12,9 @@ drafts + 1; fewer when the request finished), with pending token p (the trunk's 
    carried input becomes the lower level's output for token q + n - 1.
 The same step catches the depths up after plain decode steps (lagging.py): the tokens the trunk
 consumed there stand for the kept ones, and the trunk is not restored (step 1 skipped).
+With `tail`, depths past the drafting ones skip the step (a depth costs a whole dense layer's
+weights whatever it consumes): they lag, and the kept tokens with depth tail - 1's outputs for them
+go to the lag buffers; `catch_up_tail` runs them over what they lag (up to C = 2K + 1 tokens) later.
 This is the same computation as levels.DepthChain for the step (which the eager paths use: prefill,
 short prompts), arranged so that no count reaches the host: the drafts land in `draft_buf[row]`,
 where the next verify reads them.
@@ -31,13 +34,18 @@ from sgl_inkling.model_executor.forward_batch import ForwardBatch, ForwardMode
 
 
 class DraftStep:
-    def __init__(self, runner, num_steps: int, carry, trunk_capture: dict, depth_capture: dict, draft_buf):
+    def __init__(self, runner, num_steps: int, carry, trunk_capture: dict, depth_capture: dict, draft_buf,
+                 lag_ids: torch.Tensor, lag_hidden: torch.Tensor):  # fmt: skip
         self.runner = runner
         self.k = num_steps
         self.carry = carry  # [rows, K, H] fp32
         self.trunk_capture = trunk_capture
         self.depth_capture = depth_capture
         self.draft_buf = draft_buf  # [rows, K] int64
+        # What lagging depths still have to consume (lagging.py): tokens [rows, C + 1] and the level
+        # below's outputs for them [rows, C + 1, H] fp32; column C takes the writes past a row's kept tokens.
+        self.lag_ids, self.lag_hidden = lag_ids, lag_hidden
+        self.tail_capacity = lag_ids.shape[1] - 1  # C = 2K + 1: the depths' conv windows hold that many tokens
         self.trunk_layers = runner.model.cfg.num_hidden_layers
         self.mask_bits = self._mask_bits(runner.model.draft_vocab)
 
@@ -62,20 +70,32 @@ class DraftStep:
         depths: int | None = None,  # depths that draft (default K); the others only consume the kept tokens
         restore_trunk: bool = True,  # False: the trunk is already past the n tokens (plain steps' catch-up)
         first_mask=None,  # [B, ceil(V / 32)] int32 bitmask of draft 1, or a callable giving it (or None)
+        first: int = 0,  # > 0: a tail's catch-up (lagging.py): depths first.. consume n <= C lagged tokens,
+        # `hidden` being depth first - 1's outputs for them; nothing drafts
+        tail: int | None = None,  # depths tail.. skip the step: they lag (lagging.py)
+        lag_at: torch.Tensor | None = None,  # [B] with tail: where the kept tokens go in the lag buffers
     ) -> None:
         k, b = self.k, rows.shape[0]
         depths = k if depths is None else depths
+        end = k if tail is None else tail
+        if first and depths:
+            raise ValueError("a tail's catch-up drafts nothing")
+        if not depths <= end <= k or (end < k and lag_at is None):
+            raise ValueError(f"tail {tail}: the drafting depths ({depths}) run, and lag_at says where the rest lag")
         dev, dtype = rows.device, self.runner.dtype
         if restore_trunk:
             self.restore_trunk(rows, n)
         if callable(first_mask):  # computed on the host while the device rolls the trunk back
             first_mask = first_mask()
-        if hidden.shape[1] < k + 1:  # a shorter verify: pad to K + 1 (never real: n <= r)
-            hidden = torch.nn.functional.pad(hidden, (0, 0, 0, k + 1 - hidden.shape[1]))
+        # T_d: a drafting depth takes n kept + pending + d drafts, the others the n kept tokens (padded;
+        # up to C lagged ones in a catch-up).
+        consume = self.tail_capacity if first else k + 1
+        widths = [k + 2 + d if d < depths else consume for d in range(k)]
+        read = max(k + 1, widths[first] - 1)  # the columns of `hidden` the first depth reads
+        if hidden.shape[1] < read:  # a shorter verify: pad (never real: n <= r)
+            hidden = torch.nn.functional.pad(hidden, (0, 0, 0, read - hidden.shape[1]))
         seq = torch.nn.functional.pad(ids, (0, 2 * k + 2 - ids.shape[1]))  # [B, 2K + 2] tokens from q on
         seq.scatter_(1, n[:, None], pending[:, None])
-        # T_d: a drafting depth takes n kept + pending + d drafts, the others the n kept tokens (padded).
-        widths = [k + 2 + d if d < depths else k + 1 for d in range(k)]
         # Every depth's index inputs at once, as [depth, request, column] grids of which depth d
         # takes its first T_d columns (a view at batch 1): computed per depth, these small ops
         # were most of the step's launches.
@@ -91,7 +111,9 @@ class DraftStep:
         out_loc_swa = torch.where(real, tables.swa[rows[:, None], tok], 0)
         positions = at - step[:, :, None]
         prefix = start - step
-        extend_lens = drafted.expand(k, b) + (k + 1)
+        # widths as a device tensor without a host copy (graphs are captured here): drafting depths
+        # take K + 2 + d, the others `consume`
+        extend_lens = torch.where(step <= depths, k + 1 + step, consume).expand(k, b)
         arange_b = torch.arange(b, device=dev)
         last = n - 1
         # the last real token: the pending one for depth 0, draft d after it
@@ -102,8 +124,8 @@ class DraftStep:
         new_carry = []
         below = hidden  # the lower level's outputs for the tokens from q on
         drafts = []
-        for d, t in enumerate(widths):
-            drafting = d < depths
+        for d in range(first, end):
+            t, drafting = widths[d], d < depths
             layer = self.trunk_layers + d
             # Converted piecewise rather than concatenated in fp32: the same values, one copy fewer.
             inputs = torch.cat([carried[:, d, None], below[:, : t - 1].to(dtype)], dim=1)
@@ -131,10 +153,24 @@ class DraftStep:
                 seq.scatter_(1, draft_at[d, :, None], draft[:, None])
                 drafts.append(draft)
         # No depth reads its conv state again in this step: all of them roll back at once.
-        self.depth_capture.restore(rows, n)
-        self.carry[rows] = torch.stack(new_carry, dim=1).float()
+        ran = None if (first, end) == (0, k) else range(self.trunk_layers + first, self.trunk_layers + end)
+        self.depth_capture.restore(rows, n, ran)
+        self.carry[rows, first:end] = torch.stack(new_carry, dim=1).float()
         if drafts:
             self.draft_buf[rows, :depths] = torch.stack(drafts, dim=1)
+        if end < k:  # the skipped depths' inputs for the kept tokens: depth end - 1's outputs
+            j = torch.arange(k + 1, device=dev)
+            at_lag = torch.where(j < n[:, None], lag_at[:, None] + j, self.tail_capacity)
+            self.lag_ids[rows[:, None], at_lag] = seq[:, : k + 1]
+            self.lag_hidden[rows[:, None], at_lag] = below[:, : k + 1].float()
+
+    def catch_up_tail(self, rows: torch.Tensor, start: torch.Tensor, n: torch.Tensor, first: int,
+                      host_start: list[int] | None = None) -> None:  # fmt: skip
+        """Depths first.. consume the n[i] <= C tokens they lag from start[i] on (lagging.py), read
+        from the lag buffers: the same step with nothing drafted and the trunk left alone."""
+        zeros = torch.zeros_like(n)
+        self.run(rows, start, n, zeros, self.lag_ids[rows], zeros, self.lag_hidden[rows], host_start=host_start,
+                 depths=0, restore_trunk=False, first=first)  # fmt: skip
 
     def pick(self, logits: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         """A depth's drafts: the argmax (over the draft vocabulary when there is a token map), within

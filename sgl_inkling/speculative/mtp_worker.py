@@ -69,8 +69,9 @@ class MTPWorker(DraftControl, GrammarDrafts, LaggingDepths):
         depth_capture = ConvWindows(pool, [[trunk + d for d in range(num_steps)]], 2 * num_steps + 1)
         self.chain = DepthChain(runner, num_steps, self.carry, depth_capture)
         self.draft_buf = torch.zeros(pool.size, num_steps, dtype=torch.int64, device=runner.device)
-        self.step = DraftStep(runner, num_steps, self.carry, self.trunk_capture, depth_capture, self.draft_buf)
         self._init_lagging(pool.size, cfg.hidden_size)  # k = 0 steps are plain decode steps (lagging.py)
+        self.step = DraftStep(runner, num_steps, self.carry, self.trunk_capture, depth_capture, self.draft_buf,
+                              self.lag_ids, self.lag_hidden)  # fmt: skip
         self.verify_graphs = self.draft_graphs = None
         # DraftStep pads every request to the longest case: worth it only where it replaces launch
         # overhead (CUDA graphs); the ragged DepthChain does less work everywhere else. Tests set it.
@@ -123,7 +124,7 @@ class MTPWorker(DraftControl, GrammarDrafts, LaggingDepths):
                 self.verify_graphs = {r: VerifyGraphRunner(runner, r, self.trunk_capture, max_bs, graph_pool,
                                                            sampled_max_bs=sampled_bs) for r in widths}  # fmt: skip
                 self.draft_graphs = DraftGraphRunner(self.step, max_bs, [r - 1 for r in widths], graph_pool,
-                                                     masks=self.grammar is not None)  # fmt: skip
+                                                     masks=self.grammar is not None, tails=self.tail_lag)  # fmt: skip
                 self.fixed_shapes = True
         if self.adaptive:
             from sgl_inkling.speculative.step_costs import measure_step_costs
@@ -228,13 +229,15 @@ class MTPWorker(DraftControl, GrammarDrafts, LaggingDepths):
         rows and ids are verify_ids' results."""
         b, r, dev = len(reqs), ids.shape[1], self.runner.device
         self.k = self.choose(sum(not q.finished for q in reqs))
-        n = to_device(kept, torch.int64, dev)
         fixed = self._fixed_shape_rows(reqs, starts)
         # The rest (short prompts, batches past the graphs' largest) drafts through the ragged chain, on its own.
         ragged = [i for i in range(b) if i not in set(fixed)]
+        tails = [i for i in ragged if reqs[i].depth_lag]  # lagging depths catch up before the chain
+        if tails:
+            self.catch_up_tails([reqs[i] for i in tails], [starts[i] for i in tails])
         if ragged:
             sub = to_device(ragged, torch.int64, dev) if fixed else slice(None)
-            self.trunk_capture.restore(rows[sub], n[sub])
+            self.trunk_capture.restore(rows[sub], to_device([kept[i] for i in ragged], torch.int64, dev))
             self.draft([reqs[i] for i in ragged], [starts[i] for i in ragged],
                        [hidden[i * r : i * r + kept[i]] for i in ragged])  # fmt: skip
         if not fixed:
@@ -242,23 +245,23 @@ class MTPWorker(DraftControl, GrammarDrafts, LaggingDepths):
         hidden = hidden.view(b, r, -1)
         if ragged:
             idx = to_device(fixed, torch.int64, dev)
-            rows, n, ids, hidden = rows[idx], n[idx], ids[idx], hidden[idx]
+            rows, ids, hidden = rows[idx], ids[idx], hidden[idx]
         reqs, starts = [reqs[i] for i in fixed], [starts[i] for i in fixed]
-        args = (
+        lags, froms = self.draft_fixed(
             rows,
-            to_device(starts, torch.int64, dev),
-            n,
-            to_device([0 if q.finished else 1 for q in reqs], torch.int64, dev),
+            starts,
+            [kept[i] for i in fixed],
+            [0 if q.finished else 1 for q in reqs],
             ids,
-            to_device([0 if q.finished else q.fill_ids[q.kv_len] for q in reqs], torch.int64, dev),
+            [0 if q.finished else q.fill_ids[q.kv_len] for q in reqs],
             hidden,
+            self.k,
+            [q.depth_lag for q in reqs],
+            [q.lag_from for q in reqs],
+            first_mask=lambda: self._first_masks(reqs),  # host work while the trunk rolls back
         )
-        self.num_fixed_shape_steps += 1
-        masks = lambda: self._first_masks(reqs)  # noqa: E731  (host work while the trunk rolls back)
-        if self.draft_graphs is not None:
-            self.draft_graphs.replay(*args, depths=self.k, first_mask=masks)
-        else:
-            self.step.run(*args, host_start=starts, depths=self.k, first_mask=masks)
+        for q, lag, f in zip(reqs, lags, froms):
+            q.depth_lag, q.lag_from = lag, f
         self._walk_drafts(reqs, rows)
 
     def _fixed_shape_rows(self, reqs: list[Req], starts: list[int]) -> list[int]:

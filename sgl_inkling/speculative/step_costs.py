@@ -2,6 +2,8 @@
 
 A step with k >= 1 drafts is the verify of k + 1 tokens per request, the trunk's rollback and the
 draft step that produced the k drafts (k depths drafting, the rest consuming the kept tokens only).
+With tails on (lagging.py) the draft step is the one where the depths past k skip, and the
+catch-up of those depths is timed apart (StepCosts.tail_catch_up; the chooser counts its share).
 A step with k = 0 is a plain decode step (the decode graph of the bucket) plus its share of the
 depths' catch-up: after K + 1 plain steps in a row the depths consume those tokens in one
 non-drafting draft step (lagging.py). On CUDA everything comes from the serving graphs just
@@ -123,7 +125,8 @@ def measure_step_costs(
         buckets = draft.buckets
         decode = runner.graphs
         timed_verify = {r: (lambda bs, g=g: g.graphs[bs].replay()) for r, g in verify.items()}
-        timed_draft = lambda bs, k: draft.graphs[bs, k].replay()  # noqa: E731
+        timed_draft = lambda bs, k, tail: draft.graphs[bs, k, tail].replay()  # noqa: E731
+        timed_tail = lambda bs, first: draft.catch_up_graphs[bs, first].replay()  # noqa: E731
         timed_restore = lambda bs: draft.restore_graphs[bs].replay()  # noqa: E731
         timed_plain = lambda bs: decode.graphs[bucket_for(decode.buckets, bs)].replay()  # noqa: E731
         statics = [g.static["input_ids"] for g in verify.values()] + [decode.static["input_ids"]]
@@ -134,12 +137,12 @@ def measure_step_costs(
         eager_verify = {
             r: VerifyGraphRunner(runner, r, worker.trunk_capture, max_bs, graphs=False) for r in range(1, k_max + 2)
         }
-        draft = DraftGraphRunner(worker.step, max_bs, depths=range(k_max + 1), capture=False)
+        draft = DraftGraphRunner(worker.step, max_bs, depths=range(k_max + 1), capture=False, tails=worker.tail_lag)
         pad = runner.req_to_token.pad_row
         plain = {bs: ForwardBatch.build(ForwardMode.DECODE, [[0]] * bs, [pad] * bs, [0] * bs, [0] * bs, [0] * bs, dev)
                  for bs in buckets}  # fmt: skip
         timed_verify = {r: (lambda bs, g=g: g.step(bs)) for r, g in eager_verify.items()}
-        timed_draft, timed_restore = draft.run, draft.restore
+        timed_draft, timed_tail, timed_restore = draft.run, draft.run_catch_up, draft.restore
         timed_plain = lambda bs: runner.forward_eager(plain[bs])  # noqa: E731
         statics = [g.static["input_ids"] for g in eager_verify.values()] + [b.input_ids for b in plain.values()]
         placed = []  # eager smoke runs (CPU): the reference backend's loops read host lengths; no context
@@ -152,20 +155,24 @@ def measure_step_costs(
     context = max(worker.step.min_start(), min(context, runner.req_to_token.max_context_len - 3 * k_max - 3))
     draft_start = context + k_max + 1
     saved = _at_context(placed, context, draft_start)
-    costs = {}
+    costs, tails = {}, {}
+    # With tails (lagging.py) a step drafting k skips the depths past k, which catch up now and then.
+    skips = {k for k, tail in draft.variants if tail < k_max} if worker.tail_lag else set()
     with torch.no_grad(), (_zero_context(runner, draft_start) if placed else contextlib.nullcontext()):
         for bs in buckets:
-            catch_up = _seconds(lambda bs=bs: timed_draft(bs, 0), reps, dev)
+            catch_up = _seconds(lambda bs=bs: timed_draft(bs, 0, k_max), reps, dev)
             restore = _seconds(lambda bs=bs: timed_restore(bs), reps, dev)
             plain_step = trunk(_seconds(lambda bs=bs: timed_plain(bs), reps, dev)) + catch_up / (k_max + 1)
             costs[bs] = [plain_step] + [
                 trunk(_seconds(lambda bs=bs, k=k: timed_verify[k + 1](bs), reps, dev))
                 + restore
-                + _seconds(lambda bs=bs, k=k: timed_draft(bs, k), reps, dev)
+                + _seconds(lambda bs=bs, k=k: timed_draft(bs, k, k if k in skips else k_max), reps, dev)
                 for k in range(1, k_max + 1)
             ]
+            tails[bs] = [_seconds(lambda bs=bs, k=k: timed_tail(bs, k), reps, dev) if k in skips else 0.0
+                         for k in range(k_max + 1)]  # fmt: skip
     for ids in statics:
         ids.zero_()  # as captured: serving rewrites the real rows and zeroes the padding
     for t, old in saved:
         t.copy_(old)
-    return StepCosts(costs)
+    return StepCosts(costs, tail_catch_up=tails if skips else None, tail_capacity=worker.tail_capacity)

@@ -169,17 +169,18 @@ def replaying_graph_runner(spec) -> DraftGraphRunner:
     """DraftGraphRunner whose "graphs" run, eagerly, what a capture records: the step on the static
     buffers (mask included) of their bucket, the trunk's rollback apart; the inputs arrive through
     replay as on the GPU. The host starts are read for the CPU attention's loops (graphs use none)."""
-    g = DraftGraphRunner(spec.step, 4, depths=range(spec.num_steps + 1), capture=False, masks=True)
-    fields = ("rows", "start", "n", "live", "ids", "pending", "hidden")
+    g = DraftGraphRunner(spec.step, 4, depths=range(spec.num_steps + 1), capture=False, masks=True,
+                         tails=spec.tail_lag)  # fmt: skip
 
-    def run(bs: int, k: int) -> None:
+    def replay(fn, bs: int, *args) -> None:
         g.replayed.append(bs)
-        s = g.static
-        spec.step.run(*(s[f][:bs] for f in fields), host_start=s["start"][:bs].tolist(), depths=k,
-                      restore_trunk=False, first_mask=s["mask"][:bs])  # fmt: skip
+        fn(bs, *args)
 
     g.replayed = []
-    g.graphs = {(bs, k): SimpleNamespace(replay=partial(run, bs, k)) for bs in g.buckets for k in g.depths}
+    g.graphs = {(bs, k, t): SimpleNamespace(replay=partial(replay, g.run, bs, k, t))
+                for bs in g.buckets for k, t in g.variants}  # fmt: skip
+    g.catch_up_graphs = {(bs, f): SimpleNamespace(replay=partial(replay, g.run_catch_up, bs, f))
+                         for bs in g.buckets for f in g.catch_up_firsts}  # fmt: skip
     g.restore_graphs = {bs: SimpleNamespace(replay=partial(g.restore, bs)) for bs in g.buckets}
     return g
 
