@@ -6,7 +6,9 @@ first d drafts are all accepted; each step draws every request's accepted count 
 (MTPWorker.forced_curve, a benchmark-only switch: with dummy weights no draft is ever right). Steps
 run as serving runs them: the verify of k + 1 tokens per request (its graph on CUDA, greedy rule
 with the forced counts inside), one read of the decisions, then the draft step for the next k (its
-graph per (bucket, k) on CUDA). When the adaptive chooser picks k = 0 the step is the plain decode
+graph per (bucket, k) on CUDA; the depths past k skip it and catch up now and then, as serving's
+MTPWorker.draft_fixed runs them, so a fixed k's draft time is a mean over steps with and without a
+catch-up). When the adaptive chooser picks k = 0 the step is the plain decode
 step (the decode graph of the bucket) and the depths lag, as in serving (speculative/lagging.py):
 their catch-up (every K + 1 plain steps, and drafting when a later step picks k > 0) is timed as
 that step's draft part. Two adaptive runs pick k from step costs measured as MTPWorker measures

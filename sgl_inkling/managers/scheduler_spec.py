@@ -146,11 +146,12 @@ class SpecDecodeMixin:
 
     def settle_depths(self, req: Req) -> None:
         """Before the radix tree caches a leaving request's state: a checkpoint covers every level,
-        so depths still behind plain decode steps consume the lagged tokens first."""
+        so depths still behind (plain decode steps, or past the last step's drafting ones) consume
+        the lagged tokens first."""
         if self.spec is None or not req.depth_lag or req.row is None:
             return
         if self.kv.radix is None:  # nothing is cached: the lag dies with the request
-            req.depth_lag = 0
+            req.depth_lag = req.lag_from = 0
             return
         with model_step():
             self.spec.catch_up([req], 0)

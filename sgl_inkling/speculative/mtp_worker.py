@@ -300,4 +300,5 @@ class MTPWorker(DraftControl, GrammarDrafts, LaggingDepths):
                                                    if g.sampled_buckets), default=0),  # fmt: skip
             "spec_plain_decode_steps": self.num_plain_steps,
             "spec_depth_catch_ups": self.num_catch_ups,
+            "spec_tail_catch_ups": self.num_tail_catch_ups,
         }
