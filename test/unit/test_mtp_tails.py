@@ -166,6 +166,33 @@ def test_tails_across_the_real_window(w512, monkeypatch):
     assert at_baseline(s)
 
 
+def test_request_finishing_with_lagging_tails_caches_every_level(cached, sched, monkeypatch):
+    """A request that ends while depths past k lag is cached with them caught up: its continuation,
+    resumed from that cache entry, holds a cold prefill's state (in the scheduler without a cache)."""
+    force_picks(cached, monkeypatch, [2])
+    force_picks(sched, monkeypatch, [2])
+    prompt, n = random_prompt(26, seed=9), 31
+    a = submit(cached, "a", prompt, max_new_tokens=n)
+    lag, ups = 0, cached.spec.num_tail_catch_ups
+    while not a.finished:
+        lag = a.depth_lag
+        step(cached)
+    assert lag > 0, "the request ended with its tail lagging"
+    assert cached.spec.num_tail_catch_ups > ups
+    assert a.output_ids == trunk_greedy(cached, prompt, n)
+    tokens = a.fill_ids
+    b = submit(cached, "b", tokens, max_new_tokens=4)
+    assert cached.run_prefill()
+    assert b.cached_tokens == len(tokens) - 1, "the continuation resumes where the request ended"
+    c = submit(sched, "c", tokens, max_new_tokens=4)
+    assert sched.run_prefill()
+    assert b.kv_len == c.kv_len == len(tokens)
+    assert_same_level_state(cached.runner, b.row, c.row, len(tokens), runner_b=sched.runner)
+    for s in (cached, sched):
+        s.abort("", abort_all=True)
+    assert at_baseline(sched)
+
+
 def simulate_catch_ups(rates, k: int, capacity: int, steps: int, seed: int = 0) -> float:
     """Catch-ups per step, brute force: each step keeps 1 + accepted drafts (accepted under the
     conditional rates), and the tail catches up first when the step's tokens would overflow."""
