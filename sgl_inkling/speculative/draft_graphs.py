@@ -1,5 +1,6 @@
-"""DraftStep replayed from CUDA graphs, one per batch-size bucket and number of drafting depths,
-plus one per bucket for the trunk's rollback (DraftStep.restore_trunk), replayed before the draft
+"""DraftStep replayed from CUDA graphs, one per batch-size bucket and number of drafting depths (with
+tails, lagging.py, also one per k with the depths past k skipping, and one catch-up per first lagging
+depth), plus one per bucket for the trunk's rollback (DraftStep.restore_trunk), replayed before the draft
 graph after a verify and left out when the depths catch up after plain decode steps (lagging.py).
 
 Padded requests use the runner's reserved row: no drafts wanted (live 0), one kept token, a start

@@ -42,7 +42,8 @@ class LaggingDepths:
         self.num_plain_steps = 0
         self.num_catch_ups = 0
         self.num_tail_catch_ups = 0
-        # Depths past the drafting ones skip speculative steps (fixed-shape steps only; tests switch it).
+        # Depths past the drafting ones skip speculative steps (fixed-shape steps only; off: every
+        # depth runs every step, as before the tails, for comparisons).
         self.tail_lag = True
 
     @property
