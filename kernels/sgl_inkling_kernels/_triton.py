@@ -61,6 +61,13 @@ def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
+def unit_stride(*ts: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Per-sequence index tensors as the kernels read them (element i at base + i): a broadcast view
+    (stride 0, e.g. one row of an expanded [depth, request] grid) would hand them its neighbours'
+    values. A no-op for the contiguous tensors callers normally pass, so no launch in a graph."""
+    return tuple(t.contiguous() for t in ts)
+
+
 _FORCED: bool | None = None  # set by kernel_dispatch: kernels always (True) or never (False)
 
 

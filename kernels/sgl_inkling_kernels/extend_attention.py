@@ -14,7 +14,16 @@ from __future__ import annotations
 
 import torch
 
-from sgl_inkling_kernels._triton import dot_mode, interpreting, mm, next_pow2, require_triton, tl, triton
+from sgl_inkling_kernels._triton import (
+    dot_mode,
+    interpreting,
+    mm,
+    next_pow2,
+    require_triton,
+    tl,
+    triton,
+    unit_stride,
+)
 from sgl_inkling_kernels.attention_ref import paged_attention_ref
 from sgl_inkling_kernels.paged_kv import paged_kv_block
 
@@ -134,6 +143,8 @@ def extend_attention(
         block_n = 16 if interpreting() else (32 if wide else 64)
     if q_start is None:
         q_start = torch.cumsum(extend_lens, 0) - extend_lens
+    req_pool_indices, prefix_lens, extend_lens, q_start = unit_stride(req_pool_indices, prefix_lens, extend_lens,
+                                                                      q_start)  # fmt: skip
     q = q.contiguous() if q.stride(-1) != 1 else q
     rel = rel.contiguous() if rel.stride(-1) != 1 else rel
     rel_table = rel_table.contiguous()

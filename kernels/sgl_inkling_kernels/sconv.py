@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from sgl_inkling_kernels._triton import interpreting, next_pow2, require_triton, tl, triton
+from sgl_inkling_kernels._triton import interpreting, next_pow2, require_triton, tl, triton, unit_stride
 
 
 @triton.jit
@@ -113,6 +113,7 @@ def sconv_decode(x: torch.Tensor, weight: torch.Tensor, state: torch.Tensor, row
     k = _check(x, weight, state)
     x = x if x.stride(-1) == 1 else x.contiguous()
     bsz, c = x.shape
+    (rows,) = unit_stride(rows)
     y = torch.empty_like(x)
     block_c = 64 if interpreting() else 256
     _sconv_decode_kernel[(bsz, triton.cdiv(c, block_c))](
@@ -143,6 +144,7 @@ def sconv_extend(
         return y
     if q_start is None:
         q_start = torch.cumsum(extend_lens, 0) - extend_lens
+    rows, prefix_lens, extend_lens, q_start = unit_stride(rows, prefix_lens, extend_lens, q_start)
     c = x.shape[1]
     if capture is not None and (capture.dim() != 3 or capture.shape[1] < k or capture.shape[2] != c
                                 or capture.stride(2) != 1):  # fmt: skip

@@ -112,8 +112,9 @@ class DraftStep:
         positions = at - step[:, :, None]
         prefix = start - step
         # widths as a device tensor without a host copy (graphs are captured here): drafting depths
-        # take K + 2 + d, the others `consume`
-        extend_lens = torch.where(step <= depths, k + 1 + step, consume).expand(k, b)
+        # take K + 2 + d, the others `consume`. Materialised: the kernels read extend_lens[d] at unit
+        # stride, and a broadcast view's row would hand them the next depths' widths (past b = 1).
+        extend_lens = torch.where(step <= depths, k + 1 + step, consume).expand(k, b).contiguous()
         arange_b = torch.arange(b, device=dev)
         last = n - 1
         # the last real token: the pending one for depth 0, draft d after it

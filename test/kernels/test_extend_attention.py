@@ -72,3 +72,16 @@ def test_short_extend_as_decode_queries_matches_reference(shape, lens):
     want = extend_attention_ref(case.q, case.k_buf, case.v_buf, case.req_to_token, case.rows, case.prefix_lens,
                                 case.extend_lens, *rest)  # fmt: skip
     torch.testing.assert_close(got, want, atol=2e-4, rtol=2e-4)
+
+
+def test_extend_reads_rows_of_a_broadcast_grid():
+    """Lengths and prefixes that are one row of an expanded [depth, request] grid (stride 0, as the
+    fixed-shape MTP draft step passes them) give the reference result: handed to the kernel as is,
+    it would read the next depth's values (test_sconv's case of the same H200 failure)."""
+    heads, kv, dim, d_rel, extent, window = SHAPES[1]
+    case = make_case([40, 3, 77], [9, 9, 9], heads, kv, dim, d_rel, extent, with_tau=False, dtype=torch.float32,
+                     device=DEVICE, seed=5)  # fmt: skip
+    case.extend_lens = torch.tensor([[9], [12]], device=DEVICE).expand(2, 3)[0]
+    assert case.extend_lens.stride(0) == 0
+    got, want = _run(case, window, 1.0 / dim**0.5)
+    torch.testing.assert_close(got, want, atol=2e-4, rtol=2e-4)

@@ -142,3 +142,24 @@ def test_short_conv_capture_kernel_equals_torch_capture(extend_lens):
     for y, y_ref, st, st_ref in zip(ys, ys_ref, states, states_ref):
         torch.testing.assert_close(y.float(), y_ref.float(), atol=1e-2, rtol=1e-2)
         torch.testing.assert_close(st, st_ref, atol=1e-6, rtol=0)
+
+
+def test_sconv_extend_reads_rows_of_a_broadcast_grid():
+    """Per-sequence lengths that are one row of an expanded [depth, request] grid (stride 0: how the
+    fixed-shape MTP draft step hands each depth its widths) give the reference result. The kernel
+    reads element i at base + i, so such a row handed over as is gave it the next depths' widths,
+    and past the grid's end an illegal address (the draft graphs' capture at batch 2 and up on the H200)."""
+    c, k = CHANNELS[-1], 4
+    g, weight, state = _setup(c, k, 5, 3)
+    rows = torch.tensor([2, 0, 4], device=DEVICE)
+    widths = torch.tensor([[9], [12]], device=DEVICE).expand(2, 3)  # depth 0 takes 9 tokens a request, depth 1 12
+    prefix = torch.tensor([[6], [5]], device=DEVICE).expand(2, 3)
+    for d in range(2):
+        ext, pre = widths[d], prefix[d]
+        assert ext.stride(0) == 0 and ext.tolist() == [ext[0].item()] * 3
+        x = torch.randn(3 * int(ext[0]), c, generator=g).to(DEVICE)
+        st_ref = state.clone()
+        want = sconv_ref(x, weight, st_ref, rows, pre, ext)
+        got = sconv_extend(x, weight, state, rows, pre, ext)
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(state, st_ref, atol=1e-6, rtol=0)
