@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+from functools import partial
+from types import SimpleNamespace
 
 import torch
 
@@ -67,14 +69,19 @@ def draftable_scheduler(tmp_path_factory, radix: bool = False, **server_args):
         yield s
 
 
-def assert_same_level_state(runner, row_a: int, row_b: int, q: int, runner_b=None) -> None:
+def assert_same_level_state(runner, row_a: int, row_b: int, q: int, runner_b=None, tol: float = 0.0) -> None:
     """Two request rows that consumed the same q tokens hold the same state at every level: short-conv
     and carried state of every layer, KV of every attention layer (trunk and MTP depths) that a
-    later token can read. runner_b: row_b lives in another runner of the same model."""
+    later token can read. runner_b: row_b lives in another runner of the same model. tol: bit for
+    bit when 0, else within that absolute and relative tolerance (states computed by other kernels)."""
     rb = runner_b or runner
+
+    def same(x: torch.Tensor, y: torch.Tensor) -> bool:
+        return torch.equal(x, y) if tol == 0 else torch.allclose(x, y, atol=tol, rtol=tol)
+
     for layer, ts in runner.sconv_pool.states.items():
         for t, u in zip(ts, rb.sconv_pool.states[layer]):
-            assert torch.equal(t[row_a], u[row_b]), f"short-conv / carried state of layer {layer} differs"
+            assert same(t[row_a], u[row_b]), f"short-conv / carried state of layer {layer} differs"
     cfg = runner.model.cfg
     window = cfg.sliding_window_size
     for attn in runner.model.attention_layers():
@@ -88,4 +95,26 @@ def assert_same_level_state(runner, row_a: int, row_b: int, q: int, runner_b=Non
         sb = rb.req_to_token.read(kind, row_b, first, q)
         ka, va = (runner.swa_pool if spec.sliding else runner.full_pool).buffers(spec.layer_id)
         kb, vb = (rb.swa_pool if spec.sliding else rb.full_pool).buffers(spec.layer_id)
-        assert torch.equal(ka[sa], kb[sb]) and torch.equal(va[sa], vb[sb]), f"KV of layer {spec.layer_id}"
+        assert same(ka[sa], kb[sb]) and same(va[sa], vb[sb]), f"KV of layer {spec.layer_id}"
+
+
+def replaying_graph_runner(spec):
+    """DraftGraphRunner whose "graphs" run, eagerly, what a capture records: the step on the static
+    buffers (mask included) of their bucket, the trunk's rollback apart; the inputs arrive through
+    replay as on the GPU. The host starts are read for the CPU attention's loops (graphs use none)."""
+    from sgl_inkling.speculative.draft_graphs import DraftGraphRunner
+
+    g = DraftGraphRunner(spec.step, 4, depths=range(spec.num_steps + 1), capture=False, masks=True,
+                         tails=spec.tail_lag)  # fmt: skip
+
+    def replay(fn, bs: int, *args) -> None:
+        g.replayed.append(bs)
+        fn(bs, *args)
+
+    g.replayed = []
+    g.graphs = {(bs, k, t): SimpleNamespace(replay=partial(replay, g.run, bs, k, t))
+                for bs in g.buckets for k, t in g.variants}  # fmt: skip
+    g.catch_up_graphs = {(bs, f): SimpleNamespace(replay=partial(replay, g.run_catch_up, bs, f))
+                         for bs in g.buckets for f in g.catch_up_firsts}  # fmt: skip
+    g.restore_graphs = {bs: SimpleNamespace(replay=partial(g.restore, bs)) for bs in g.buckets}
+    return g

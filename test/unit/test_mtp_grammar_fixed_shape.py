@@ -10,8 +10,6 @@ On inkling-tiny-draftable, where depths draft well enough that steps accept seve
 from __future__ import annotations
 
 import json
-from functools import partial
-from types import SimpleNamespace
 
 import jsonschema
 import pytest
@@ -22,10 +20,9 @@ from sgl_inkling.constrained import chat_grammar, native_grammar
 from sgl_inkling.constrained.mask import unpack_bitmask
 from sgl_inkling.managers.io_struct import TokenizedGenerateReq
 from sgl_inkling.managers.scheduler import Scheduler
-from sgl_inkling.speculative.draft_graphs import DraftGraphRunner
 from test.e2e.mtp_common import SCHEMA
 
-from .helpers import draftable_scheduler, in_process_scheduler, random_prompt
+from .helpers import draftable_scheduler, in_process_scheduler, random_prompt, replaying_graph_runner
 
 BAD = 200053  # <|unused_200053|>: no grammar here ever allows it
 ARGS = {"type": "object", "properties": {"q": {"type": "string", "maxLength": 6},
@@ -163,26 +160,6 @@ def fixed(sched):
     sched.spec.fixed_shapes = True
     yield
     sched.spec.fixed_shapes = False
-
-
-def replaying_graph_runner(spec) -> DraftGraphRunner:
-    """DraftGraphRunner whose "graphs" run, eagerly, what a capture records: the step on the static
-    buffers (mask included) of their bucket, the trunk's rollback apart; the inputs arrive through
-    replay as on the GPU. The host starts are read for the CPU attention's loops (graphs use none)."""
-    g = DraftGraphRunner(spec.step, 4, depths=range(spec.num_steps + 1), capture=False, masks=True,
-                         tails=spec.tail_lag)  # fmt: skip
-
-    def replay(fn, bs: int, *args) -> None:
-        g.replayed.append(bs)
-        fn(bs, *args)
-
-    g.replayed = []
-    g.graphs = {(bs, k, t): SimpleNamespace(replay=partial(replay, g.run, bs, k, t))
-                for bs in g.buckets for k, t in g.variants}  # fmt: skip
-    g.catch_up_graphs = {(bs, f): SimpleNamespace(replay=partial(replay, g.run_catch_up, bs, f))
-                         for bs in g.buckets for f in g.catch_up_firsts}  # fmt: skip
-    g.restore_graphs = {bs: SimpleNamespace(replay=partial(g.restore, bs)) for bs in g.buckets}
-    return g
 
 
 @pytest.mark.parametrize("graphs", [False, True], ids=["eager-step", "graph-runner"])
