@@ -113,7 +113,6 @@ def sconv_decode(x: torch.Tensor, weight: torch.Tensor, state: torch.Tensor, row
     k = _check(x, weight, state)
     x = x if x.stride(-1) == 1 else x.contiguous()
     bsz, c = x.shape
-    (rows,) = unit_stride(rows)
     y = torch.empty_like(x)
     block_c = 64 if interpreting() else 256
     _sconv_decode_kernel[(bsz, triton.cdiv(c, block_c))](

@@ -75,9 +75,9 @@ def test_short_extend_as_decode_queries_matches_reference(shape, lens):
 
 
 def test_extend_reads_rows_of_a_broadcast_grid():
-    """Lengths and prefixes that are one row of an expanded [depth, request] grid (stride 0, as the
-    fixed-shape MTP draft step passes them) give the reference result: handed to the kernel as is,
-    it would read the next depth's values (test_sconv's case of the same H200 failure)."""
+    """Lengths that are one row of an expanded [depth, request] grid (stride 0, as the fixed-shape MTP
+    draft step passed them) give the reference result: handed to the kernel as is, it read the next
+    depth's widths (test_sconv's case of the same H200 failure)."""
     heads, kv, dim, d_rel, extent, window = SHAPES[1]
     case = make_case([40, 3, 77], [9, 9, 9], heads, kv, dim, d_rel, extent, with_tau=False, dtype=torch.float32,
                      device=DEVICE, seed=5)  # fmt: skip
