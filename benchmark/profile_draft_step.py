@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "kernels")]
 
 from benchmark.bench_one_batch import Seqs, draft_token_map  # noqa: E402
-from benchmark.kernel_profile import kernel_rows, report  # noqa: E402
+from benchmark.kernel_profile import kernel_rows, report, source_rows  # noqa: E402
 from benchmark.mtp_timing import draft_step_args  # noqa: E402
 from sgl_inkling.model_executor.model_loader import build_model  # noqa: E402
 from sgl_inkling.model_executor.model_runner import ModelRunner  # noqa: E402
@@ -37,7 +37,15 @@ def main() -> None:
     p.add_argument("--input-len", type=int, default=1024)
     p.add_argument("--accept", type=int, default=4, help="verified tokens kept (accepted drafts + 1)")
     p.add_argument("--steps", type=int, default=5)
-    p.add_argument("--token-map-size", type=int, default=0, help="a draft vocabulary of this many ids (0: none)")
+    p.add_argument(
+        "--token-map-size", type=int, default=0, help="a draft vocabulary of this many ids (0: none)"
+    )
+    p.add_argument(
+        "--depths",
+        type=int,
+        default=0,
+        help="depths that draft (default all); with tails the others skip the step, as a step drafting k serves",
+    )
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args()
     config = slice_config()
@@ -61,16 +69,23 @@ def main() -> None:
     out = runner.forward(vb)
     seqs.extra_slots(starts, k + 1, args.accept + k)
     step_args = draft_step_args(seqs.rows, starts, args.accept, vb, out, [t[0] for t in rand(1)])
+    depths = args.depths or k
+    # The depths past `depths` lag (lagging.py): their inputs go to the lag buffers from column 0.
+    tail = {} if depths == k else {"depths": depths, "tail": depths, "lag_at": torch.zeros_like(step_args[1])}
     for _ in range(2):
-        worker.step.run(*step_args)
+        worker.step.run(*step_args, **tail)
     torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], with_stack=True) as prof:
         for _ in range(args.steps):
-            worker.step.run(*step_args)
+            worker.step.run(*step_args, **tail)
         torch.cuda.synchronize()
-    report(f"draft step, batch {bsz}, {k} depths, {args.accept} kept", kernel_rows(prof, args.steps), args.out,
-           {"batch_size": bsz, "depths": k, "kept": args.accept, "token_map_size": args.token_map_size or None},
-           top=20)
+    report(f"draft step, batch {bsz}, {depths} of {k} depths, {args.accept} kept", kernel_rows(prof, args.steps),
+           args.out, {"batch_size": bsz, "depths": depths, "num_steps": k, "kept": args.accept,
+                      "token_map_size": args.token_map_size or None, "by_source": source_rows(prof, args.steps)},
+           top=20)  # fmt: skip
+    print(f"{'launches':>9} {'us/step':>9}  where (launching line)")
+    for r in source_rows(prof, args.steps)[:30]:
+        print(f"{r['launches_per_step']:>9.1f} {r['us_per_step']:>9.1f}  {r['where'][:100]}")
 
 
 if __name__ == "__main__":
