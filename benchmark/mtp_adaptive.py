@@ -77,6 +77,12 @@ def run_adaptive(model, cfg, bsz: int, args, gen, h) -> dict:
     # cheapest way to a token, which says nothing about the served model.
     worker.costs = measure_step_costs(worker, trunk_scale=trunk_scale, head_s=head_floor / 1e3,
                                       context=args.input_len)  # fmt: skip
+    # A drafting step rolls the trunk's conv state back (conv_rollback, one launch): its bytes grow
+    # with the layers, and the draft step timed here rolls back only the slice's. Projected at the
+    # bandwidth for the other layers (read and write of K-1 positions of every channel a request).
+    pool, layers = runner.sconv_pool, len(model.model.llm.layers)
+    trunk_channels = pool.channels[layers - 1][1] - pool.channels[0][0]
+    rollback66 = h.to_ms(2 * bsz * pool.width * trunk_channels * 4 * (trunk_scale - 1))
     rates = conditional_rates(curve)
     out = []
     for mode in modes:
@@ -114,6 +120,7 @@ def run_adaptive(model, cfg, bsz: int, args, gen, h) -> dict:
         avg = statistics.fmean if adaptive else statistics.median
         verify, draft = avg(verify_ms), (statistics.fmean if worker.tail_lag else avg)(draft_ms)
         verify66 = max(verify - head_floor, 0.0) * trunk_scale + head_floor
+        verify66 += rollback66 * sum(x > 0 for x in ks) / len(ks)
         out.append({
             "k": mode,
             "k_used": dict(Counter(ks)),
@@ -141,6 +148,8 @@ def run_adaptive(model, cfg, bsz: int, args, gen, h) -> dict:
         "benchmark_only_forced_acceptance_curve": curve,
         "cuda_graphs": worker.verify_graphs is not None,
         "step_costs": worker.costs.as_dict(),
+        # Projected, in every drafting step's 66-layer figure: the other 63 layers' conv rollback bytes.
+        "trunk_rollback_other_layers_ms_projected": rollback66,
         "runs": out,
         "best_fixed_k": best["k"],
         # Plain decode without MTP: the k = 0 run's forward alone (no lagging depths to catch up).

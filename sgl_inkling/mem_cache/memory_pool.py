@@ -155,7 +155,12 @@ SCONV_K, SCONV_V, SCONV_ATTN, SCONV_MLP = range(4)
 
 
 class SConvStatePool:
-    """Per request slot and layer: the last K-1 inputs of each of the four short-conv streams (fp32)."""
+    """Per request slot and layer: the last K-1 inputs of each of the four short-conv streams (fp32).
+
+    Every stream of every layer is a channel slice of one buffer [slots, K-1, all channels], in layer
+    then stream order, so a run of consecutive layers is one channel range (`channels`): MTP rolls a
+    whole trunk back in one launch (sgl_inkling_kernels.conv_rollback), not one per layer and stream.
+    """
 
     def __init__(
         self,
@@ -166,10 +171,17 @@ class SConvStatePool:
     ):
         self.size = size
         self.width = kernel_size - 1
-        self.states: dict[int, list[torch.Tensor]] = {
-            layer: [torch.zeros(size, self.width, c, dtype=torch.float32, device=device) for c in chans]
-            for layer, chans in stream_channels.items()
-        }
+        total = sum(sum(chans) for chans in stream_channels.values())
+        self.buffer = torch.zeros(size, self.width, total, dtype=torch.float32, device=device)
+        self.states: dict[int, list[torch.Tensor]] = {}
+        self.channels: dict[int, tuple[int, int]] = {}  # layer -> its channel range in `buffer`
+        lo = 0
+        for layer, chans in stream_channels.items():
+            self.channels[layer] = (lo, lo + sum(chans))
+            self.states[layer] = []
+            for c in chans:
+                self.states[layer].append(self.buffer[..., lo : lo + c])
+                lo += c
 
     def add_state(self, name: str, shape: tuple[int, ...]) -> torch.Tensor:
         """Extra per-slot state that must travel with the conv windows (saved and restored by the

@@ -135,5 +135,17 @@ def warm_up_mtp_kernels(runner, num_depths: int, trunk_capture=None, depth_captu
                 batch.table_offset = d + 1
                 batch.sconv_capture = {trunk_layers + d: depth_capture[trunk_layers + d]}
                 runner.forward_mtp(d, torch.zeros(1, hidden, dtype=runner.dtype, device=dev), batch)
+        # The rollbacks (conv_rollback): one launch per run of layers, whose channel offset in the
+        # state buffer sets its pointers' alignment, so every run a step rolls back: the trunk, and
+        # each depth range first..end - 1 (tails, lagging.py). On the padding row, whose state is never read.
+        rows = torch.full((1,), runner.req_to_token.pad_row, dtype=torch.int64, device=dev)
+        kept = torch.ones(1, dtype=torch.int64, device=dev)
+        if trunk_capture is not None:
+            trunk_capture.restore(rows, kept)
+        if depth_capture is not None:
+            first_depth = runner.model.cfg.num_hidden_layers
+            for first in range(num_depths):
+                for end in range(first + 1, num_depths + 1):
+                    depth_capture.restore(rows, kept, range(first_depth + first, first_depth + end))
     if dev.type == "cuda":
         torch.cuda.synchronize(dev)

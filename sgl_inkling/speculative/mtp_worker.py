@@ -64,7 +64,7 @@ class MTPWorker(DraftControl, GrammarDrafts, LaggingDepths):
         self.carry = pool.add_state("mtp_carry", (num_steps, cfg.hidden_size))
 
         trunk = cfg.num_hidden_layers
-        self.trunk_capture = ConvWindows(pool, [[i] for i in range(trunk)], num_steps + 1)
+        self.trunk_capture = ConvWindows(pool, [list(range(trunk))], num_steps + 1)
         # A depth consumes up to K + 1 committed tokens, the pending one and K - 1 drafts per step.
         depth_capture = ConvWindows(pool, [[trunk + d for d in range(num_steps)]], 2 * num_steps + 1)
         self.chain = DepthChain(runner, num_steps, self.carry, depth_capture)
