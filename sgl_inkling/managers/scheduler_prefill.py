@@ -241,12 +241,12 @@ class PrefillMixin:
             self._collect_input_logprobs(*job)
 
     def _save_conv_state(self, riders: list[Entry]) -> list[torch.Tensor] | None:
-        """The riders' conv windows before the forward moves them (a few KB per request, one gather per
-        layer stream), so that a failed mixed step can put them back."""
+        """The riders' conv windows before the forward moves them (a few KB per request, one gather for
+        every layer's streams), so that a failed mixed step can put them back."""
         if not riders:
             return None
         rows = to_device([r.row for r, _, _ in riders], torch.int64, self.runner.device)  # no host sync
-        return [rows] + [t[rows] for ts in self.runner.sconv_pool.states.values() for t in ts]
+        return [rows] + self.runner.sconv_pool.copy_rows(rows)
 
     def _unload_riders(self, riders: list[Entry], saved: list[torch.Tensor] | None) -> None:
         """A mixed forward raised: the riders get their conv state and slots back and stay running, so
@@ -254,8 +254,7 @@ class PrefillMixin:
         if not riders:
             return
         rows, *states = saved
-        for t, old in zip((t for ts in self.runner.sconv_pool.states.values() for t in ts), states):
-            t[rows] = old
+        self.runner.sconv_pool.put_rows(rows, states)
         for req, _, (full, swa) in riders:
             self.kv.full.free(full)
             self.kv.swa.free(swa)

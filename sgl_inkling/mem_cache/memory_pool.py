@@ -191,6 +191,16 @@ class SConvStatePool:
         self.states[name] = [t]  # type: ignore[index]
         return t
 
+    def copy_rows(self, rows: torch.Tensor) -> list[torch.Tensor]:
+        """Copies of the rows' whole state (the conv buffer, then each extra state): a launch each."""
+        return [self.buffer[rows]] + [t[rows] for name, ts in self.states.items() if not isinstance(name, int) for t in ts]
+
+    def put_rows(self, rows: torch.Tensor, saved: list[torch.Tensor]) -> None:
+        """Put back what copy_rows took."""
+        extra = (t for name, ts in self.states.items() if not isinstance(name, int) for t in ts)
+        for t, old in zip([self.buffer, *extra], saved, strict=True):
+            t[rows] = old
+
     def state(self, layer_id: int, stream: int) -> torch.Tensor:
         return self.states[layer_id][stream]
 

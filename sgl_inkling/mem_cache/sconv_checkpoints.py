@@ -14,18 +14,24 @@ from sgl_inkling.mem_cache.memory_pool import SConvStatePool
 
 
 class SConvCheckpointPool:
-    """`size` snapshots with the layout of one SConvStatePool row (every layer, all four streams)."""
+    """`size` snapshots with the layout of one SConvStatePool row (every layer, all four streams): the
+    conv streams as one buffer laid out as the pool's, so a save or restore is one copy for them
+    (not one per layer and stream: 264 launches at 66 layers), then one per extra named state."""
 
     def __init__(self, size: int, like: SConvStatePool, dtype: torch.dtype = torch.float32):
         self.size = size
         self.live = like
-        self.store = {
-            layer: [
-                torch.zeros((size, *t.shape[1:]), dtype=dtype if isinstance(layer, int) else t.dtype, device=t.device)
-                for t in ts
-            ]
-            for layer, ts in like.states.items()
-        }
+        self.conv = torch.zeros((size, *like.buffer.shape[1:]), dtype=dtype, device=like.buffer.device)
+        self.extra = [name for name in like.states if not isinstance(name, int)]
+        self.store: dict = {}  # layer (or extra state's name) -> per-stream views of the snapshots
+        for layer, ts in like.states.items():
+            if layer in self.extra:
+                self.store[layer] = [torch.zeros((size, *t.shape[1:]), dtype=t.dtype, device=t.device) for t in ts]
+                continue
+            lo, self.store[layer] = like.channels[layer][0], []
+            for t in ts:
+                self.store[layer].append(self.conv[..., lo : lo + t.shape[-1]])
+                lo += t.shape[-1]
         self._free = list(range(size))
 
     @property
@@ -44,14 +50,16 @@ class SConvCheckpointPool:
         slot = self.take()
         if slot is None:
             return None
-        for layer, ts in self.live.states.items():
-            for dst, src in zip(self.store[layer], ts):
+        self.conv[slot] = self.live.buffer[row]
+        for name in self.extra:
+            for dst, src in zip(self.store[name], self.live.states[name]):
                 dst[slot] = src[row]
         return slot
 
     def restore(self, slot: int, row: int) -> None:
-        for layer, ts in self.live.states.items():
-            for src, dst in zip(self.store[layer], ts):
+        self.live.buffer[row] = self.conv[slot]
+        for name in self.extra:
+            for src, dst in zip(self.store[name], self.live.states[name]):
                 dst[row] = src[slot]
 
     def free(self, slot: int) -> None:
