@@ -62,20 +62,24 @@ class ForwardBatch:
     # MTP depth d reads the req-to-token tables shifted by d + 1: its position p consumes token
     # p + d + 1 and keeps its KV in that token's slot (see speculative/levels.py).
     table_offset: int = 0
-    # extend_starts(), computed by its first caller in this forward.
-    _extend_starts: torch.Tensor | None = field(default=None, init=False, repr=False)
+    # Values every layer of a forward shares, computed by their first caller (extend_starts, once).
+    _per_forward: dict = field(default_factory=dict, init=False, repr=False)
+
+    def once(self, key, make):
+        """make(), computed once a forward and shared by every layer that asks for `key`."""
+        if key not in self._per_forward:
+            self._per_forward[key] = make()
+        return self._per_forward[key]
 
     def extend_starts(self) -> torch.Tensor:
         """Each sequence's first row in the flattened tokens ([B], the exclusive cumsum of extend_lens),
         computed once a forward: attention and every short conv of every layer share it (a cumsum
         was three launches per conv, twelve per layer of an MTP verify)."""
-        if self._extend_starts is None:
-            self._extend_starts = torch.cumsum(self.extend_lens, 0) - self.extend_lens
-        return self._extend_starts
+        return self.once("extend_starts", lambda: torch.cumsum(self.extend_lens, 0) - self.extend_lens)
 
     def reset_extend_starts(self) -> None:
-        """Forget extend_starts() (a batch object run again, as graph warm-up and capture do)."""
-        self._extend_starts = None
+        """Forget the per-forward values (a batch object run again, as graph warm-up and capture do)."""
+        self._per_forward.clear()
 
     @property
     def batch_size(self) -> int:

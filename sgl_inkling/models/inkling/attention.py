@@ -129,7 +129,9 @@ class InklingAttention(nn.Module):
         tau = None
         if self.log_scaling is not None:
             # Long-context query scaling of full layers; the bias is scaled by the same factor.
-            tau = log_scaling_tau(batch.positions, self.log_scaling, self.log_alpha)
+            # The same for every full layer of the forward: computed once (seven launches a layer).
+            key = ("log_scaling_tau", self.log_scaling, self.log_alpha)
+            tau = batch.once(key, lambda: log_scaling_tau(batch.positions, self.log_scaling, self.log_alpha))
             q = (q.float() * tau[:, None, None]).to(q.dtype)
         o = batch.attn_backend.forward(q, k, v, rel, self.rel_logits_proj.proj, tau, s, batch)
         return decode_linear(o, self.wo_ud.weight) if use_triton(o) else self.wo_ud(o)
