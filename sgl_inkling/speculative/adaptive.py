@@ -62,6 +62,15 @@ class AcceptanceTracker:
     those are fewer (a batch of 64 notices a change within a few steps). The weight never falls
     below a prior's: a rate that has not been drafted for long keeps its value, but the next
     evidence moves it a fifth of the way at least, as a batch-1 step moves a fresh rate.
+    Evidence is counted per request judged, but one step's draws are one sample of the batch's
+    luck: up to LIFT_BATCH requests a step moves a rate a fifth of the way at most (the weight is
+    lifted to PRIOR_OBS per request of the step before the step is added). Without that, the first
+    step of a batch of 8 moved a fresh rate two thirds of the way, and an unlucky one dropped the
+    batch to plain decode, where no evidence comes to lift it back (in simulation with the H100's
+    costs at batch 8, 42 of 100 64-step windows after 42 steps fell below 0.97 of the best k, 13
+    with the lift: test_mtp_chooser_sim). A larger batch's step is a steady sample by itself, and lifting its weight further
+    only slowed it down (a batch of 64 took 35-69 steps instead of 0-32 to leave plain decode once
+    useless drafts turned good).
     For choosing, the prior's remaining share of a depth that has seen little evidence is
     optimistic: it is at least the rate of the depth before it. Conditional acceptance does not
     fall with depth in the public curve, and a deep depth that is never drafted gets no evidence;
@@ -70,6 +79,7 @@ class AcceptanceTracker:
 
     PRIOR_OBS = 4.0  # 1 made early estimates so noisy that a batch could settle on plain decode
     MAX_OBS = 400.0  # pins a rate within about +-0.02; more would only slow it down
+    LIFT_BATCH = 16  # the batch size up to which a step's weight floor grows with it (see above)
 
     # alpha: 0.05 (20 steps) made batch-1 estimates so noisy that steps fell back to plain decode
     # (0.97-0.98 of the best fixed k in simulation); 0.01 took 200 steps to notice useless drafts.
@@ -85,6 +95,7 @@ class AcceptanceTracker:
 
     def update(self, accepted: Sequence[int], drafted: Sequence[int]) -> None:
         """One verify step: request i could accept drafted[i] drafts and accepted accepted[i]."""
+        floor = self.PRIOR_OBS * min(len(drafted), self.LIFT_BATCH)  # a fifth of the way at most
         for d in range(len(self.rates)):
             seen = hits = 0
             for a, n in zip(accepted, drafted):
@@ -93,6 +104,7 @@ class AcceptanceTracker:
                     hits += a > d
             if not seen:
                 continue
+            self.weight[d] = max(self.weight[d], floor)
             keep = self.weight[d] / (self.weight[d] + seen)
             self.rates[d] = keep * self.rates[d] + (1.0 - keep) * hits / seen
             self.prior_share[d] *= keep
