@@ -15,8 +15,11 @@ Model (labelled an approximation in the output):
 - collectives: per layer, 4 x alpha + bytes per token per layer at TP 8 (the sharding code) x tokens
   x beta, with alpha and beta fitted to c2(1) and c2(64). alpha is taken as at TP 2 ("flat": the
   one-shot NVSwitch algorithms keep small-message latency about constant in the group size) and,
-  as a bound, x 7 ("ring": one hop per peer). The verify moves b (k + 1) tokens per layer; the draft
-  step's 8 depths each move b (k + 2) (a depth is a full decoder layer, sharded the same way);
+  as a bound, x 7 ("ring": one hop per peer). The verify moves b (k + 1) tokens per layer; a depth
+  is a full decoder layer, sharded the same way: in a table without tails the draft step's 8
+  depths each move b (k + 2) tokens; with tails (lagging.py, `tail_capacity` in its step costs) the
+  k drafting depths do, and each of the 8 - k lagging ones moves the step's b E_k kept tokens later
+  in its catch-ups (4 alpha per catch-up, tail_catch_up_rate of them a step);
 - tokens per step: the expectation under the public per-depth acceptance curve for each k; MTP
   takes the best k per batch (what the adaptive chooser converges to with these costs).
 
@@ -36,7 +39,12 @@ sys.path[:0] = [str(ROOT), str(ROOT / "kernels"), str(ROOT / "python")]
 from benchmark.tp_projection import project  # noqa: E402
 from sgl_inkling.models.inkling.quant_config import NVFP4  # noqa: E402
 from sgl_inkling.models.inkling.slice_config import NUM_FULL_MODEL_LAYERS, slice_config  # noqa: E402
-from sgl_inkling.speculative.adaptive import PUBLIC_MTP8_CURVE, conditional_rates, expected_tokens  # noqa: E402
+from sgl_inkling.speculative.adaptive import (  # noqa: E402
+    PUBLIC_MTP8_CURVE,
+    conditional_rates,
+    expected_tokens,
+    tail_catch_up_rate,
+)
 
 RESULTS = ROOT / "benchmark" / "results"
 ANCHOR = {"without_mtp": 140, "with_mtp": 380, "system": "vLLM day-0, 4x GB200, MTP 8, accept length 4.5"}
@@ -62,10 +70,20 @@ def comm_ms(tokens: int, bytes_per_token: float, alpha: float, beta: float, laye
     return layers * (COLLECTIVES_PER_LAYER * alpha + tokens * bytes_per_token * beta)
 
 
+def draft_comm_ms(b: int, k: int, tokens: float, capacity: int, bytes8: float, alpha: float, beta: float) -> float:
+    """The draft step's collectives a step drafting k (see the module note); capacity 0: no tails."""
+    if not capacity:
+        return comm_ms(b * (k + 2), bytes8, alpha, beta, MTP_DEPTHS)
+    tail = (MTP_DEPTHS - k) * (tail_catch_up_rate(tokens, capacity) * COLLECTIVES_PER_LAYER * alpha
+                               + b * tokens * bytes8 * beta)  # fmt: skip
+    return comm_ms(b * (k + 2), bytes8, alpha, beta, k) + tail
+
+
 def project_batch(m: dict, plain66_ms: float, scale: float, fit: dict, alpha: float, bytes8: float) -> dict:
     """One batch size: TP 8 tok/s/user without MTP and for each k, and the best k."""
     b, beta = m["batch_size"], fit["beta_ms_per_byte"]
     rates = conditional_rates(PUBLIC_MTP8_CURVE[: m["num_steps"]])
+    capacity = m.get("step_costs", {}).get("tail_capacity", 0)
     plain = plain66_ms * scale + comm_ms(b, bytes8, alpha, beta, NUM_FULL_MODEL_LAYERS)
     by_k = []
     for r in m["runs"]:
@@ -74,7 +92,7 @@ def project_batch(m: dict, plain66_ms: float, scale: float, fit: dict, alpha: fl
         k = r["k"]
         one_gpu = r["extrapolated_66_layers"]["step_ms"]
         comm = comm_ms(b * (k + 1), bytes8, alpha, beta, NUM_FULL_MODEL_LAYERS)
-        comm += comm_ms(b * (k + 2), bytes8, alpha, beta, MTP_DEPTHS)
+        comm += draft_comm_ms(b, k, expected_tokens(rates, k), capacity, bytes8, alpha, beta)
         step = one_gpu * scale + comm
         by_k.append({"k": k, "step_ms": step, "collective_ms": comm,
                      "tok_per_s_per_user": expected_tokens(rates, k) * 1e3 / step})  # fmt: skip
@@ -101,11 +119,15 @@ def run(mtp_file: Path, tp_file: Path, tp: int = 8) -> dict:
     one, many = project(config, 1, 1, quant), project(config, tp, 1, quant)
     scale = many["weights_gb_per_rank"] / one["weights_gb_per_rank"]
     fit = collective_fit(bench_tp)
+    # Plain decode at 66 layers: the adaptive table's own k = 0 run where it has one (timed as its MTP
+    # steps are), else the file's plain CUDA-graph decode runs.
     plain66 = {
         r["batch_size"]: 1e3 / r["extrapolated_66_layers"]["cuda_graph_tok_per_s_per_user"]
         for r in bench["runs"]
         if r.get("mode") == "kernels" and r["extrapolated_66_layers"].get("cuda_graph_tok_per_s_per_user")
     }
+    plain66 |= {m["batch_size"]: 1e3 / m["plain_tok_per_s_per_user_66"]
+                for m in bench["mtp_adaptive"] if m.get("plain_tok_per_s_per_user_66")}  # fmt: skip
     bytes8 = many["comm_bytes_per_token_per_layer_per_rank"]
     out = {}
     for name, alpha in (("flat", fit["alpha_ms"]), ("ring", fit["alpha_ms"] * (tp - 1))):

@@ -31,7 +31,7 @@ TIMED_MS = {
     8: [52.333, 102.453, 130.643, 152.183, 173.318, 188.840, 203.915, 215.106, 224.215],
     64: [194.791, 280.909, 317.429, 365.706, 432.361, 465.364, 513.468, 558.763, 624.977],
 }
-# Batch 8 on the H100 at 0907249 (benchmark/results/bench_one_batch_mtp_adaptive_nvfp4_map32k_inkling-slice_h100.json,
+# Batch 8 on the H100 at 0907249 (benchmark/results/diagnostics/mtp_adaptive_h100_0907249/,
 # 32K-token draft vocabulary): plain decode is 0.90 of the best k there, k = 3..8 within 3% of it.
 H100_B8_STARTUP_MS = [45.713, 77.535, 103.085, 124.535, 141.432, 155.645, 170.079, 180.628, 191.637]
 H100_B8_TIMED_MS = [46.918, 79.599, 105.866, 124.438, 142.303, 155.211, 167.642, 177.361, 187.172]

@@ -33,3 +33,22 @@ def test_projected_batch_takes_the_fastest_k():
     want = max(speeds, key=speeds.get)
     assert r["best_k"] == want and r["tok_per_s_per_user_with_mtp"] == pytest.approx(speeds[want])
     assert r["tok_per_s_per_user_without_mtp"] == pytest.approx(1e3 / (14.0 + 66 * 4 * 0.01))
+
+
+def test_projected_batch_with_tails_counts_only_the_drafting_depths_every_step():
+    """With tails the k drafting depths move their tokens every step; the 8 - k lagging ones move the
+    kept tokens later, paying their latency once per catch-up (about E_k / (C + 1 - E_k) a step)."""
+    alpha, beta, bytes8, b, cap = 0.01, 1e-6, 100.0, 4, 17
+    runs = [{"k": k, "extrapolated_66_layers": {"step_ms": 30.0 + 6.0 * k}} for k in range(1, 9)]
+    m = {"batch_size": b, "num_steps": 8, "runs": runs, "step_costs": {"tail_capacity": cap}}
+    r = project_batch(m, plain66_ms=28.0, scale=0.5, fit={"beta_ms_per_byte": beta}, alpha=alpha, bytes8=bytes8)
+    rates = conditional_rates(PUBLIC_MTP8_CURVE)
+    for row in r["by_k"]:
+        k = row["k"]
+        e = expected_tokens(rates, k)
+        verify = 66 * (4 * alpha + b * (k + 1) * bytes8 * beta)
+        drafting = k * (4 * alpha + b * (k + 2) * bytes8 * beta)
+        catch_ups = e / (cap + 1 - e)
+        lagging = (8 - k) * (catch_ups * 4 * alpha + b * e * bytes8 * beta)
+        assert row["collective_ms"] == pytest.approx(verify + drafting + lagging), k
+        assert row["tok_per_s_per_user"] == pytest.approx(e * 1e3 / (0.5 * (30 + 6 * k) + verify + drafting + lagging))
