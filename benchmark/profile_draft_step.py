@@ -24,8 +24,9 @@ sys.path[:0] = [str(ROOT), str(ROOT / "kernels")]
 from benchmark.bench_one_batch import Seqs, draft_token_map  # noqa: E402
 from benchmark.kernel_profile import kernel_rows, report, source_rows  # noqa: E402
 from benchmark.mtp_timing import draft_step_args  # noqa: E402
-from sgl_inkling.model_executor.model_loader import build_model  # noqa: E402
+from sgl_inkling.model_executor.model_loader import build_model, with_expert_quant  # noqa: E402
 from sgl_inkling.model_executor.model_runner import ModelRunner  # noqa: E402
+from sgl_inkling.models.inkling.quant_config import NVFP4_METHODS, resolve_quantization  # noqa: E402
 from sgl_inkling.models.inkling.slice_config import slice_config  # noqa: E402
 from sgl_inkling.models.inkling.weights import init_dummy_weights  # noqa: E402
 from sgl_inkling.speculative.mtp_worker import MTPWorker  # noqa: E402
@@ -46,9 +47,11 @@ def main() -> None:
         default=0,
         help="depths that draft (default all); with tails the others skip the step, as a step drafting k serves",
     )
+    p.add_argument("--quantization", choices=NVFP4_METHODS, default=None,
+                   help="NVFP4 routed experts (the draft depths are BF16 either way; the BF16 slice needs over 80 GB)")
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args()
-    config = slice_config()
+    config = with_expert_quant(slice_config(), resolve_quantization(args.quantization, None, "dummy"))
     model = build_model(config, torch.bfloat16, torch.device("cuda"))
     init_dummy_weights(model)
     cfg, bsz = config.text, args.batch_size
