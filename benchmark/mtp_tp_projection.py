@@ -157,7 +157,7 @@ def run(mtp_file: Path, tp_file: Path, tp: int = 8) -> dict:
 
 def main(argv: list[str] | None = None) -> dict:
     a = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    a.add_argument("--mtp-file", type=Path, default=RESULTS / "bench_one_batch_mtp_nvfp4_inkling-slice.json")
+    a.add_argument("--mtp-file", type=Path, default=RESULTS / "bench_one_batch_mtp_adaptive_nvfp4_map32k_inkling-slice.json")
     a.add_argument("--tp-file", type=Path, default=RESULTS / "bench_tp_inkling-slice_cuda.json")
     a.add_argument("--tp", type=int, default=8)
     a.add_argument("--result-file", type=Path, default=RESULTS / "mtp_tp8_projection.json")
