@@ -23,9 +23,13 @@ for LONG_RUN steps from each prior, drawing the forced curve, each step charged 
 step time at 66 layers (the speed of its choices over a long run, free of the timed steps' few
 samples). Timed regions start behind a GPU busy-wait that covers
 the host's staging of the step (Clock.start), so a host gap is not scaled to 66 layers as if it
-were trunk work. The 66-layer figure scales the verify's trunk part by 22 (3 slice layers -> 66; the
-LM head is counted once, at its bandwidth floor) and keeps the draft step as measured (the 8 MTP
-depths are full size in the slice): an approximation, labelled as such.
+were trunk work. The 66-layer figure adds to each trunk forward (verify, plain decode) 63 more
+layers at the time of its width's layers alone (a layers-only CUDA graph of the slice's 3 layers at
+that width, extrapolate_66), so the once-a-step part (embedding, LM head, acceptance rule) counts
+once, and keeps the draft step as measured (the 8 MTP depths are full size in the slice): an
+approximation, labelled as such. (Before 2026-12-07's change it scaled the step less the LM head's
+floor by 22, which charged the rest of the once-a-step part 22 times: 14.8 against 13.8 ms a plain
+batch-1 step on the H200.) The chooser's cost table is projected the same way.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from collections import Counter
 
 import torch
 
+from sgl_inkling.model_executor.cuda_graph_runner import bucket_for
 from sgl_inkling.model_executor.forward_batch import ForwardMode
 from sgl_inkling.model_executor.model_runner import ModelRunner
 from sgl_inkling.models.inkling.slice_config import NUM_FULL_MODEL_LAYERS
@@ -46,6 +51,7 @@ from sgl_inkling.speculative.mtp_worker import MTPWorker
 from sgl_inkling.speculative.step_costs import measure_step_costs
 
 LONG_RUN = 4000  # host-only steps of the long-run figure
+LAYER_REPS = 20  # replays of each width's layers-only graph (median)
 FLAT_PRIOR = [0.5]
 
 
@@ -72,11 +78,15 @@ def run_adaptive(model, cfg, bsz: int, args, gen, h) -> dict:
     prompt = seqs.mark()
     head_floor = h.to_ms(h.nbytes(model.model.llm.unembed))
     trunk_scale = NUM_FULL_MODEL_LAYERS / len(model.model.llm.layers)
+    # The trunk's layers alone at each verify width r (1: plain decode), from a layers-only CUDA graph:
+    # a step's 66-layer figure is its time plus (trunk_scale - 1) x its layers' time (extrapolate_66).
+    layers_ms = _layer_times(worker, runner, seqs, prompt, rand, bsz, h) if clock.cuda else {}
     # The chooser sees the costs of the model the table projects to (the trunk's forwards scaled to 66
     # layers as below, the draft steps as measured): on the 3-layer slice itself plain decode is the
     # cheapest way to a token, which says nothing about the served model.
-    worker.costs = measure_step_costs(worker, trunk_scale=trunk_scale, head_s=head_floor / 1e3,
-                                      context=args.input_len)  # fmt: skip
+    bucket = bucket_for(worker.draft_graphs.buckets, bsz) if worker.draft_graphs is not None else bsz
+    worker.costs = measure_step_costs(worker, trunk_scale=trunk_scale, head_s=head_floor / 1e3, context=args.input_len,
+                                      trunk_layers_s={(bucket, r): ms / 1e3 for r, ms in layers_ms.items()})  # fmt: skip
     # A drafting step rolls the trunk's conv state back (conv_rollback, one launch): its bytes grow
     # with the layers, and the draft step timed here rolls back only the slice's. Projected at the
     # bandwidth for the other layers (read and write of K-1 positions of every channel a request).
@@ -119,7 +129,7 @@ def run_adaptive(model, cfg, bsz: int, args, gen, h) -> dict:
         per_step = statistics.fmean(expected_tokens(rates, x) for x in ks)
         avg = statistics.fmean if adaptive else statistics.median
         verify, draft = avg(verify_ms), (statistics.fmean if worker.tail_lag else avg)(draft_ms)
-        verify66 = max(verify - head_floor, 0.0) * trunk_scale + head_floor
+        verify66 = avg([extrapolate_66(v, x, layers_ms, trunk_scale, head_floor) for v, x in zip(verify_ms, ks)])
         verify66 += rollback66 * sum(x > 0 for x in ks) / len(ks)
         out.append({
             "k": mode,
@@ -130,7 +140,7 @@ def run_adaptive(model, cfg, bsz: int, args, gen, h) -> dict:
             "draft_ms": draft,
             "step_ms": verify + draft,
             "tok_per_s_per_user": per_step * 1e3 / (verify + draft),
-            "extrapolated_66_layers": {"step_ms": verify66 + draft,
+            "extrapolated_66_layers": {"verify_ms": verify66, "step_ms": verify66 + draft,
                                        "tok_per_s_per_user": per_step * 1e3 / (verify66 + draft)},
         })  # fmt: skip
     worker.forced_curve = None
@@ -153,7 +163,9 @@ def run_adaptive(model, cfg, bsz: int, args, gen, h) -> dict:
         "runs": out,
         "best_fixed_k": best["k"],
         # Plain decode without MTP: the k = 0 run's forward alone (no lagging depths to catch up).
-        "plain_tok_per_s_per_user_66": 1e3 / (max(by_mode[0]["verify_ms"] - head_floor, 0.0) * trunk_scale + head_floor),
+        "plain_tok_per_s_per_user_66": 1e3 / by_mode[0]["extrapolated_66_layers"]["verify_ms"],
+        # The trunk's layers alone per verify width (1: plain decode), ms: what the 66-layer figures scale.
+        "trunk_layers_ms_by_width": layers_ms or None,
         "adaptive_vs_best_fixed": tps(by_mode["adaptive"]) / tps(best),
         "learned_vs_best_fixed": tps(by_mode["learned"]) / tps(best),
         "adaptive_from_choices_vs_best_fixed": from_choices(out, "adaptive", curve) / tps(best),  # k = 0 ran
@@ -165,6 +177,41 @@ def run_adaptive(model, cfg, bsz: int, args, gen, h) -> dict:
         "long_runs": long_runs,
         "learned_acceptance_estimates": [round(x, 3) for x in worker.tracker.estimates()],
     }
+
+
+def extrapolate_66(step_ms: float, k: int, layers_ms: dict[int, float], trunk_scale: float, head_ms: float) -> float:
+    """A trunk forward of the slice (a verify of k + 1 tokens; k = 0: plain decode) at 66 layers: the
+    step plus (trunk_scale - 1) x the slice's layers alone at that width, so what runs once a step
+    (embedding, LM head, the acceptance rule) counts once. Without layer times (no CUDA): the step
+    less the LM head's floor, scaled, which charges the rest of that once-a-step part 22 times (the
+    formula before; at batch 1 on the H200 it made plain decode 14.8 ms a step against the 13.8 of
+    its layers-only graph)."""
+    layers = layers_ms.get(k + 1)
+    if layers is None:
+        return max(step_ms - head_ms, 0.0) * trunk_scale + head_ms
+    return step_ms + (trunk_scale - 1) * layers
+
+
+def _layer_times(worker: MTPWorker, runner, seqs, prompt, rand, bsz: int, h) -> dict[int, float]:
+    """ms of the trunk's layers alone (bench_one_batch.graph_layers_ms) at every verify width
+    r = 1..K + 1 (r = 1: a decode batch, as plain decode runs; r > 1: the verify's extend batch with
+    its conv windows captured), each batch prepared by one eager forward at the prompt's context. A
+    width whose layers fail to capture is left out (extrapolate_66 then scales its whole step)."""
+    out = {}
+    for r in range(1, worker.num_steps + 2):
+        seqs.rewind(prompt)
+        batch = seqs.batch(rand(r), logits_counts=[r] * bsz) if r > 1 else seqs.batch(rand(1))
+        if r > 1:
+            batch.mode = ForwardMode.EXTEND
+            batch.sconv_capture = worker.trunk_capture
+        runner.forward_eager(batch)
+        try:
+            out[r] = h.graph_layers_ms(runner, batch, LAYER_REPS)
+        except RuntimeError as e:  # a width whose layers do not capture: its figures scale the step instead
+            print(f"mtp_adaptive: no layers-only graph at width {r} ({str(e).splitlines()[0][:200]})")
+            torch.cuda.synchronize()
+    seqs.rewind(prompt)
+    return out
 
 
 def _learn_on_host(worker: MTPWorker, bsz: int, steps: int) -> None:

@@ -106,15 +106,22 @@ def _zero_context(runner, upto: int):
 
 
 def measure_step_costs(
-    worker, reps: int = 5, trunk_scale: float = 1.0, head_s: float = 0.0, context: int = COST_CONTEXT
+    worker, reps: int = 5, trunk_scale: float = 1.0, head_s: float = 0.0, context: int = COST_CONTEXT,
+    trunk_layers_s: dict[tuple[int, int], float] | None = None,
 ) -> StepCosts:
     """Seconds per step for k = 0..K at every bucket the worker's graphs cover (eager: EAGER_BUCKETS),
     the padded rows `context` tokens into their sequence (cut to what the request table holds).
 
-    trunk_scale (benchmarks of a model cut to a few layers): the trunk's forwards (verify, plain
-    decode) count as (t - head_s) * trunk_scale + head_s, the cost of the whole model's layers with
-    the LM head (head_s) once; the MTP depths' draft steps count as measured."""
-    def trunk(t: float) -> float:
+    trunk_scale (benchmarks of a model cut to a few layers): a trunk forward (verify of r tokens a
+    request, plain decode r = 1) at bucket bs counts as t + (trunk_scale - 1) * trunk_layers_s[bs, r]
+    (its layers alone, measured by the benchmark), so the part outside the layers counts once; where
+    that is missing, as (t - head_s) * trunk_scale + head_s (the LM head once at head_s). The MTP
+    depths' draft steps count as measured."""
+    layers_s = trunk_layers_s or {}
+
+    def trunk(t: float, bs: int, r: int) -> float:
+        if (bs, r) in layers_s:
+            return t + (trunk_scale - 1) * layers_s[bs, r]
         return max(t - head_s, 0.0) * trunk_scale + head_s
 
     runner, k_max = worker.runner, worker.num_steps
@@ -162,9 +169,9 @@ def measure_step_costs(
         for bs in buckets:
             catch_up = _seconds(lambda bs=bs: timed_draft(bs, 0, k_max), reps, dev)
             restore = _seconds(lambda bs=bs: timed_restore(bs), reps, dev)
-            plain_step = trunk(_seconds(lambda bs=bs: timed_plain(bs), reps, dev)) + catch_up / (k_max + 1)
+            plain_step = trunk(_seconds(lambda bs=bs: timed_plain(bs), reps, dev), bs, 1) + catch_up / (k_max + 1)
             costs[bs] = [plain_step] + [
-                trunk(_seconds(lambda bs=bs, k=k: timed_verify[k + 1](bs), reps, dev))
+                trunk(_seconds(lambda bs=bs, k=k: timed_verify[k + 1](bs), reps, dev), bs, k + 1)
                 + restore
                 + _seconds(lambda bs=bs, k=k: timed_draft(bs, k, k if k in skips else k_max), reps, dev)
                 for k in range(1, k_max + 1)

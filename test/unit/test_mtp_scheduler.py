@@ -225,3 +225,20 @@ def test_step_costs_are_measured_on_diverse_tokens(sched, monkeypatch):
     widths = [s.numel() for s in statics]
     assert all(n > 1 for n, w in zip(seen, widths) if w > 1), seen  # never one token repeated
     assert all(int(s.abs().sum()) == 0 for s in statics)
+
+
+def test_step_costs_scale_the_trunks_layers_alone_where_the_benchmark_measured_them(sched, monkeypatch):
+    """trunk_scale with layer times (benchmarks of a cut model): a trunk forward of r tokens a request
+    counts as its time plus (scale - 1) x its layers' time, so what runs once a step counts once; a
+    width without a layer time falls back to scaling the step less the head."""
+    from sgl_inkling.speculative import step_costs
+
+    monkeypatch.setattr(step_costs, "_seconds", lambda fn, reps, dev: (fn(), 1.0)[1])  # every part 1 s
+    k_max, scale, head = sched.spec.num_steps, 22.0, 0.25
+    layers = {(1, r): 0.01 * r for r in range(1, k_max + 1)}  # none for the widest verify
+    costs = step_costs.measure_step_costs(sched.spec, reps=1, trunk_scale=scale, head_s=head, trunk_layers_s=layers)
+    got = costs.for_batch(1)
+    assert got[0] == pytest.approx(1.0 + (scale - 1) * 0.01 + 1.0 / (k_max + 1))  # plain: + the depths' catch-up share
+    for k in range(1, k_max):
+        assert got[k] == pytest.approx(1.0 + (scale - 1) * 0.01 * (k + 1) + 1.0 + 1.0), k  # verify, rollback, draft
+    assert got[k_max] == pytest.approx((1.0 - head) * scale + head + 2.0)
