@@ -168,8 +168,9 @@ def test_rejection_sampling_keeps_the_distribution(sched):
     assert len(exact) == 27 and abs(sum(exact.values()) - 1) < 1e-5
 
     n = 600
-    # Adaptive, with costs under which 1..3 drafts pay (and 4 on exploration steps).
-    s.spec.configure(adaptive=True, costs=StepCosts({1: [1.0, 1.05, 1.1, 1.15] + [3.0] * 5}))
+    # Adaptive, with costs under which 3 drafts pay at the public prior and 2 at this model's own rates
+    # (about 0.3, 0.4, 0.3): the chooser moves from one to the other as its evidence comes in.
+    s.spec.configure(adaptive=True, costs=StepCosts({1: [1.0, 1.05, 1.1, 1.3] + [3.0] * 5}))
     torch.manual_seed(0)  # the acceptance draws come from the global generator: a fixed sample
     reqs = [submit(s, f"chi{i}", prompt, **params) for i in range(n)]
     accepted_before = sum(r.spec_accepted_drafts for r in reqs)
