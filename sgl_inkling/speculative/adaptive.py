@@ -68,9 +68,9 @@ class AcceptanceTracker:
     step of a batch of 8 moved a fresh rate two thirds of the way, and an unlucky one dropped the
     batch to plain decode, where no evidence comes to lift it back (in simulation with the H100's
     costs at batch 8, 42 of 100 64-step windows after 42 steps fell below 0.97 of the best k, 13
-    with the lift: test_mtp_chooser_sim). A larger batch's step is a steady sample by itself, and lifting its weight further
-    only slowed it down (a batch of 64 took 35-69 steps instead of 0-32 to leave plain decode once
-    useless drafts turned good).
+    with the lift: test_mtp_chooser_sim). A larger batch's step is a steady sample by itself, and
+    lifting its weight further only slowed it down (a batch of 64 took 35-69 steps instead of 0-32
+    to leave plain decode once useless drafts turned good).
     For choosing, the prior's remaining share of a depth that has seen little evidence is
     optimistic: it is at least the rate of the depth before it. Conditional acceptance does not
     fall with depth in the public curve, and a deep depth that is never drafted gets no evidence;
