@@ -119,8 +119,8 @@ def test_batch_8_exploration_is_nearly_free():
     assert run.ks.count(8) >= 400 and run.ks.count(1) < 20
 
 
-@pytest.mark.parametrize("lift_batch, want", [(AcceptanceTracker.LIFT_BATCH, 0.85), (1, None)])
-def test_early_steps_do_not_strand_a_batch_of_8_on_plain_decode(monkeypatch, lift_batch, want):
+@pytest.mark.parametrize("lift_batch, fewest, most", [(AcceptanceTracker.LIFT_BATCH, 85, 100), (1, 0, 74)])
+def test_early_steps_do_not_strand_a_batch_of_8_on_plain_decode(monkeypatch, lift_batch, fewest, most):
     """The benchmark's timed window (64 steps after 42 warm-up steps from the public prior) at batch 8
     on the H100's costs, where plain decode is 0.90 of the best k: with a step's evidence moving a
     rate a fifth of the way at most, 87 of 100 seeds' windows are within 3% of the best fixed k; with
@@ -132,10 +132,8 @@ def test_early_steps_do_not_strand_a_batch_of_8_on_plain_decode(monkeypatch, lif
     for seed in range(100):
         run = simulate(control(H100_B8_STARTUP_MS), PUBLIC, 8, H100_B8_TIMED_MS, 42 + 64, seed=seed)
         good += speed(run, PUBLIC, 42) >= 0.97 * best
-    if want is None:
-        assert good < 0.75 * 100, good  # the failure this guards against is real in the old rule
-    else:
-        assert good >= want * 100, good
+    # Under the old rule the failure this guards against is real: the test would catch its return.
+    assert fewest <= good <= most, good
 
 
 def test_chooser_follows_a_curve_that_changes():

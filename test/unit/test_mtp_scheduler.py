@@ -234,7 +234,11 @@ def test_step_costs_scale_the_trunks_layers_alone_where_the_benchmark_measured_t
     width without a layer time falls back to scaling the step less the head."""
     from sgl_inkling.speculative import step_costs
 
-    monkeypatch.setattr(step_costs, "_seconds", lambda fn, reps, dev: (fn(), 1.0)[1])  # every part 1 s
+    def one_second(fn, reps, dev):  # every timed part runs, and takes 1 s
+        fn()
+        return 1.0
+
+    monkeypatch.setattr(step_costs, "_seconds", one_second)
     k_max, scale, head = sched.spec.num_steps, 22.0, 0.25
     layers = {(1, r): 0.01 * r for r in range(1, k_max + 1)}  # none for the widest verify
     costs = step_costs.measure_step_costs(sched.spec, reps=1, trunk_scale=scale, head_s=head, trunk_layers_s=layers)
