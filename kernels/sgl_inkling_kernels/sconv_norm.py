@@ -30,10 +30,47 @@ from sgl_inkling_kernels._triton import (
     require_triton,
     tl,
     triton,
+    unit_stride,
 )
 from sgl_inkling_kernels.moe_slots import UnsummedSlots, slot_sum
 from sgl_inkling_kernels.rmsnorm import fused_add_rmsnorm_ref
 from sgl_inkling_kernels.sconv import sconv_ref
+
+
+@triton.jit
+def _conv_add_token(
+    X, ConvW, State, Res, Summed, SumSq, Ids, t, row, blk, n_blocks, offs_c, c_ok,
+    stride_xb, stride_ss, stride_sk, stride_rb, stride_sb, stride_xs, num_experts,
+    HAS_NORM: tl.constexpr, K: tl.constexpr, BLOCK_K: tl.constexpr, TOPK: tl.constexpr, SLOTS: tl.constexpr,
+):  # fmt: skip
+    """Token t's block: conv (shifting state row `row`), add, store summed and its sum of squares;
+    returns the conv's input in fp32. SLOTS > 0: X is a MoE's slots [T, SLOTS, C]
+    (moe_slots.UnsummedSlots, routed ids in Ids), summed here and rounded to the output dtype, as
+    sum_slots would have stored them."""
+    offs_k = tl.arange(0, BLOCK_K)
+    k_ok = offs_k < K - 1
+    m = k_ok[:, None] & c_ok[None, :]
+    st_ptr = State + row * stride_ss + offs_k[:, None] * stride_sk + offs_c[None, :]
+    hist = tl.load(st_ptr, mask=m, other=0.0)
+    w_hist = tl.load(ConvW + offs_c[None, :] * K + offs_k[:, None], mask=m, other=0.0)
+    w_last = tl.load(ConvW + offs_c * K + (K - 1), mask=c_ok, other=0.0)
+    if SLOTS > 0:
+        x = slot_sum(X, Ids, t, offs_c, c_ok, stride_xb, stride_xs, num_experts, TOPK, SLOTS)
+        x = x.to(Summed.dtype.element_ty)
+    else:
+        x = tl.load(X + t * stride_xb + offs_c, mask=c_ok, other=0.0)
+    xf = x.to(tl.float32)
+    y = (xf + (tl.sum(hist * w_hist, 0) + xf * w_last)).to(x.dtype)
+    res = tl.load(Res + t * stride_rb + offs_c, mask=c_ok, other=0.0)
+    s = (res.to(tl.float32) + y.to(tl.float32)).to(Summed.dtype.element_ty)
+    tl.store(Summed + t * stride_sb + offs_c, s, mask=c_ok)
+    if HAS_NORM:
+        sf = s.to(tl.float32)
+        tl.store(SumSq + t * n_blocks + blk, tl.sum(tl.where(c_ok, sf * sf, 0.0), 0))
+    tl.debug_barrier()  # every thread has read this block's old state before any shifts it
+    tl.store(st_ptr - stride_sk, hist, mask=(k_ok & (offs_k >= 1))[:, None] & c_ok[None, :])
+    tl.store(State + row * stride_ss + (K - 2) * stride_sk + offs_c, xf, mask=c_ok)
+    return xf
 
 
 @triton.jit
@@ -43,37 +80,51 @@ def _sconv_add_kernel(
     HAS_NORM: tl.constexpr, K: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_C: tl.constexpr,
     TOPK: tl.constexpr, SLOTS: tl.constexpr, PDL: tl.constexpr = False,
 ):  # fmt: skip
-    """SLOTS > 0: X is a MoE's slots [B, SLOTS, C] (moe_slots.UnsummedSlots, routed ids in Ids), summed
-    here and rounded to the output dtype, as sum_slots would have stored them."""
+    pdl_wait(PDL)
+    b = tl.program_id(0)
+    blk = tl.program_id(1)
+    offs_c = blk * BLOCK_C + tl.arange(0, BLOCK_C)
+    _conv_add_token(
+        X, ConvW, State, Res, Summed, SumSq, Ids, b, tl.load(Rows + b), blk, tl.num_programs(1), offs_c, offs_c < C,
+        stride_xb, stride_ss, stride_sk, stride_rb, stride_sb, stride_xs, num_experts, HAS_NORM, K, BLOCK_K, TOPK, SLOTS,
+    )  # fmt: skip
+
+
+@triton.jit
+def _sconv_add_extend_kernel(
+    X, ConvW, State, Rows, PrefixLens, ExtendLens, QStart, Res, Summed, SumSq, Ids, Cap,
+    stride_xb, stride_ss, stride_sk, stride_rb, stride_sb, stride_xs, stride_cr, stride_ct, C, num_experts,
+    HAS_NORM: tl.constexpr, K: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_C: tl.constexpr,
+    TOPK: tl.constexpr, SLOTS: tl.constexpr, CAPTURE: tl.constexpr, PDL: tl.constexpr = False,
+):  # fmt: skip
+    """One program per (sequence, block): the sequence's tokens in order, each the decode step's
+    arithmetic; with CAPTURE the window (prior state, then the inputs) into Cap[row]."""
     pdl_wait(PDL)
     b = tl.program_id(0)
     blk = tl.program_id(1)
     row = tl.load(Rows + b)
-    offs_k = tl.arange(0, BLOCK_K)
-    k_ok = offs_k < K - 1
+    n = tl.load(ExtendLens + b)
+    t0 = tl.load(QStart + b)
     offs_c = blk * BLOCK_C + tl.arange(0, BLOCK_C)
     c_ok = offs_c < C
-    m = k_ok[:, None] & c_ok[None, :]
+    offs_k = tl.arange(0, BLOCK_K)
+    win = (offs_k < K - 1)[:, None] & c_ok[None, :]
     st_ptr = State + row * stride_ss + offs_k[:, None] * stride_sk + offs_c[None, :]
-    hist = tl.load(st_ptr, mask=m, other=0.0)
-    w_hist = tl.load(ConvW + offs_c[None, :] * K + offs_k[:, None], mask=m, other=0.0)
-    w_last = tl.load(ConvW + offs_c * K + (K - 1), mask=c_ok, other=0.0)
-    if SLOTS > 0:
-        x = slot_sum(X, Ids, b, offs_c, c_ok, stride_xb, stride_xs, num_experts, TOPK, SLOTS)
-        x = x.to(Summed.dtype.element_ty)
-    else:
-        x = tl.load(X + b * stride_xb + offs_c, mask=c_ok, other=0.0)
-    xf = x.to(tl.float32)
-    y = (xf + (tl.sum(hist * w_hist, 0) + xf * w_last)).to(x.dtype)
-    res = tl.load(Res + b * stride_rb + offs_c, mask=c_ok, other=0.0)
-    s = (res.to(tl.float32) + y.to(tl.float32)).to(Summed.dtype.element_ty)
-    tl.store(Summed + b * stride_sb + offs_c, s, mask=c_ok)
-    if HAS_NORM:
-        sf = s.to(tl.float32)
-        tl.store(SumSq + b * tl.num_programs(1) + blk, tl.sum(tl.where(c_ok, sf * sf, 0.0), 0))
-    tl.debug_barrier()  # every thread has read this block's old state before any shifts it
-    tl.store(st_ptr - stride_sk, hist, mask=(k_ok & (offs_k >= 1))[:, None] & c_ok[None, :])
-    tl.store(State + row * stride_ss + (K - 2) * stride_sk + offs_c, xf, mask=c_ok)
+    if tl.load(PrefixLens + b) <= 0:  # a fresh sequence starts from zeros, whatever its slot holds
+        tl.store(st_ptr, tl.zeros([BLOCK_K, BLOCK_C], tl.float32), mask=win)
+        tl.debug_barrier()
+    if CAPTURE:
+        tl.store(Cap + row * stride_cr + offs_k[:, None] * stride_ct + offs_c[None, :],
+                 tl.load(st_ptr, mask=win, other=0.0), mask=win)  # fmt: skip
+    for i in range(n):
+        xf = _conv_add_token(
+            X, ConvW, State, Res, Summed, SumSq, Ids, t0 + i, row, blk, tl.num_programs(1), offs_c, c_ok,
+            stride_xb, stride_ss, stride_sk, stride_rb, stride_sb, stride_xs, num_experts,
+            HAS_NORM, K, BLOCK_K, TOPK, SLOTS,
+        )  # fmt: skip
+        tl.debug_barrier()  # the shifted state is what the next token reads
+        if CAPTURE:
+            tl.store(Cap + row * stride_cr + (K - 1 + i) * stride_ct + offs_c, xf, mask=c_ok)
 
 
 @triton.jit
@@ -104,7 +155,9 @@ def block_c() -> int:
     return 64 if interpreting() else 256
 
 
-def _launch(x, conv_w, state, rows, residual, norm_w, eps):
+def _launch(x, conv_w, state, rows, residual, norm_w, eps, extend=None, capture=None):
+    """extend: (prefix_lens, extend_lens, q_start) of a batch of short extends (one program per
+    sequence and block), else one token a row of `rows`; capture: MTP's window buffer (extend only)."""
     require_triton()
     slots = x if isinstance(x, UnsummedSlots) else None
     if slots is not None and slots.dtype != residual.dtype:
@@ -132,14 +185,28 @@ def _launch(x, conv_w, state, rows, residual, norm_w, eps):
         if normed is not None:
             sumsq = torch.empty((bsz, n_blocks), dtype=torch.float32, device=residual.device)
         xs, ids = (slots.out, slots.ids) if slots is not None else (x, rows)  # rows: a stand-in pointer
-        _sconv_add_kernel[(bsz, n_blocks)](
-            xs, conv_w, state, rows, residual, summed, sumsq, ids,
-            xs.stride(0), state.stride(0), state.stride(1), residual.stride(0), summed.stride(0),
-            xs.stride(1) if slots is not None else 0, c, slots.num_experts if slots is not None else 0,
+        common = dict(
             HAS_NORM=normed is not None, K=k, BLOCK_K=next_pow2(k - 1), BLOCK_C=bc, num_warps=4,
             TOPK=ids.shape[1] if slots is not None else 0, SLOTS=xs.shape[1] if slots is not None else 0,
             **pdl_launch(residual),
         )  # fmt: skip
+        strides = (xs.stride(0), state.stride(0), state.stride(1), residual.stride(0), summed.stride(0),
+                   xs.stride(1) if slots is not None else 0)  # fmt: skip
+        n_experts = slots.num_experts if slots is not None else 0
+        if extend is None:
+            _sconv_add_kernel[(bsz, n_blocks)](
+                xs, conv_w, state, rows, residual, summed, sumsq, ids, *strides, c, n_experts, **common
+            )
+        else:
+            if capture is not None and (capture.dim() != 3 or capture.shape[1] < k or capture.shape[2] != c
+                                        or capture.stride(2) != 1 or capture.dtype != torch.float32):  # fmt: skip
+                raise ValueError(f"sconv_add: capture {tuple(capture.shape)} for {c} channels and a window of {k - 1}")
+            cap = capture if capture is not None else state  # a stand-in pointer when not capturing
+            rows, prefix_lens, extend_lens, q_start = unit_stride(rows, *extend)
+            _sconv_add_extend_kernel[(rows.shape[0], n_blocks)](
+                xs, conv_w, state, rows, prefix_lens, extend_lens, q_start, residual, summed, sumsq, ids, cap,
+                *strides, cap.stride(0), cap.stride(1), c, n_experts, CAPTURE=capture is not None, **common,
+            )  # fmt: skip
         if normed is not None:
             _rmsnorm_blocks_kernel[(bsz, n_blocks)](
                 summed, sumsq, norm_w, normed, summed.stride(0), normed.stride(0), c, float(eps),
@@ -167,6 +234,26 @@ def sconv_add_decode(
 ) -> torch.Tensor:
     """residual + sconv(x), no norm; x may be a MoE's unsummed slots (summed in this launch)."""
     return _launch(x, conv_w, state, rows, residual, None, 0.0)[1]
+
+
+def sconv_add_rmsnorm_extend(
+    x: torch.Tensor | UnsummedSlots,  # [T, C] sequence after sequence, or a MoE's slots
+    conv_w: torch.Tensor,
+    state: torch.Tensor,
+    rows: torch.Tensor,  # [B] conv state slot of each sequence
+    prefix_lens: torch.Tensor,  # [B] (only > 0 matters: whether the state is live)
+    extend_lens: torch.Tensor,  # [B]
+    q_start: torch.Tensor,  # [B] each sequence's first row
+    residual: torch.Tensor,  # [T, C]
+    norm_w: torch.Tensor | None,  # None: no norm, (None, summed) back
+    eps: float,
+    capture: torch.Tensor | None = None,  # [rows, K-1 + tokens, C] fp32: receives each sequence's window
+) -> tuple[torch.Tensor | None, torch.Tensor]:
+    """sconv_add_rmsnorm_decode for a few tokens a sequence (MTP's verify and draft depths): the same
+    rows as that many decode steps; each state ends after its sequence's last token; with `capture`
+    capture[row] also receives the window (prior state, zeros for a fresh sequence, then the inputs).
+    One program walks a sequence's tokens: for short extends only."""
+    return _launch(x, conv_w, state, rows, residual, norm_w, eps, (prefix_lens, extend_lens, q_start), capture)
 
 
 def sconv_add_rmsnorm_decode_ref(x, conv_w, state, rows, residual, norm_w, eps):

@@ -10,7 +10,12 @@ import torch
 
 from sgl_inkling.sampling.host_copy import to_device
 
-_INT64_PER_16_BYTES = 2  # the field alignment of ForwardBatch.build's one staged copy
+_INT64_PER_16_BYTES = 2
+
+# Extends of at most this many tokens a sequence (MTP's verify and draft depths, short prompts) take
+# the fused epilogues' extend forms, one program walking a sequence's tokens; longer ones keep the
+# per-stream kernels, which spread a sequence's tokens over programs.
+SHORT_EXTEND_TOKENS = 16  # the field alignment of ForwardBatch.build's one staged copy
 
 
 class ForwardMode(Enum):
@@ -70,6 +75,13 @@ class ForwardBatch:
         if key not in self._per_forward:
             self._per_forward[key] = make()
         return self._per_forward[key]
+
+    def is_short_extend(self) -> bool:
+        """An extend of 1..SHORT_EXTEND_TOKENS tokens a sequence without conv snapshots to take, or a
+        decode batch (one each): what the fused epilogues' extend forms serve."""
+        if self.sconv_snapshots:
+            return False
+        return self.mode is ForwardMode.DECODE or 0 < max(self.extend_lens_cpu, default=0) <= SHORT_EXTEND_TOKENS
 
     def extend_starts(self) -> torch.Tensor:
         """Each sequence's first row in the flattened tokens ([B], the exclusive cumsum of extend_lens),

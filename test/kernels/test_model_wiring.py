@@ -221,3 +221,65 @@ def test_unfused_switch_takes_the_old_kernels(model, monkeypatch):
         with unfused_decode():
             attn.project(_x(1, 64, seed=40), batch)
     assert len(calls) == 1
+
+
+def test_short_extend_with_capture_matches_modules(model):
+    """An MTP-verify-like extend (3 and 5 tokens on cached prefixes, a fresh 2-token prompt) with conv
+    capture through the fused extend forms (the packed projection's epilogue, then the attention and
+    FFN output convs with residual add and norm) vs the modules: outputs, the four conv states and the
+    four captured windows. The KV rows go to the cache, so k and v are read back from there."""
+    from sgl_inkling.layers.attention.base import AttentionBackend
+
+    layer = model.model.llm.layers[2]
+    attn, lid = layer.attn, layer.attn.spec.layer_id
+    s = attn.spec
+    kv = s.num_kv_heads * s.head_dim
+    chans = (kv, kv, 64, 64)
+    lens, prefix, rows = [3, 5, 2], [6, 9, 0], [4, 1, 2]
+    t = sum(lens)
+    pools, captures, batches = [], [], []
+    for _ in range(2):
+        p = SConvStatePool(5, {lid: chans}, 4, DEVICE)
+        for stream, c in enumerate(chans):
+            p.state(lid, stream).copy_(_x(5, 3, c, seed=50 + stream))
+        cap = [torch.full((5, 3 + 6, c), -7.0, device=DEVICE) for c in chans]
+        b = ForwardBatch.build(
+            ForwardMode.EXTEND, [[3] * n for n in lens], rows, prefix, list(range(t)), list(range(t)), DEVICE
+        )
+        b.sconv_pool, b.sconv_capture = p, {lid: cap}
+        pools.append(p)
+        captures.append(cap)
+        batches.append(b)
+    assert batches[0].is_short_extend()
+    k_buf, v_buf = (torch.zeros(t, s.num_kv_heads, s.head_dim, device=DEVICE) for _ in range(2))
+
+    class Dest(AttentionBackend):  # only where the new keys and values go
+        def __init__(self):
+            pass
+
+        def kv_destination(self, spec, batch):
+            return k_buf, v_buf, torch.arange(t, device=DEVICE)
+
+        def forward(self, *a):
+            raise AssertionError
+
+    x, a, h, m = _x(t, 64, seed=51), _x(t, 64, seed=52), _x(t, 64, seed=53), _x(t, 64, seed=54)
+    with kernel_dispatch(True):
+        q, k, v, rel = attn.project(x, batches[0], Dest().kv_destination(s, batches[0]))
+        normed, summed = layer._conv_add("extend", a, layer.attn_sconv, h, layer.mlp_norm, batches[0])
+        _, out = layer._conv_add("extend", m, layer.mlp_sconv, summed, None, batches[0])
+    assert k is None and v is None
+    with kernel_dispatch(False):
+        want = attn.project(x, batches[1])
+        want_sum = h + layer.attn_sconv(a, batches[1])
+        want_out = want_sum + layer.mlp_sconv(m, batches[1])
+    for got, ref in zip((q, k_buf, v_buf, rel), want):
+        torch.testing.assert_close(got, ref, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(summed, want_sum, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(normed, layer.mlp_norm(want_sum), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(out, want_out, atol=1e-5, rtol=1e-5)
+    for stream in range(4):
+        # K / V states hold the projections (the packed GEMV sums in its own order): fp32 rounding.
+        tol = 1e-5 if stream < 2 else 0
+        torch.testing.assert_close(pools[0].state(lid, stream), pools[1].state(lid, stream), atol=tol, rtol=tol)
+        torch.testing.assert_close(captures[0][stream], captures[1][stream], atol=tol, rtol=tol)

@@ -12,6 +12,8 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported
 pytest.importorskip("triton")
 
+from sgl_inkling_kernels.rmsnorm import rmsnorm_ref  # noqa: E402
+from sgl_inkling_kernels.sconv import sconv_ref  # noqa: E402
 from sgl_inkling_kernels.sconv_norm import (  # noqa: E402
     block_c,
     sconv_add_decode,
@@ -148,3 +150,85 @@ def test_moe_slots_summed_in_the_conv_launch(dtype):
     assert torch.equal(got_n, want_n) and torch.equal(got_s, want_s) and torch.equal(st_slots, st_rows)
     with pytest.raises(ValueError, match="slots summed to"):
         sconv_add_decode(UnsummedSlots(out, ids, n_exp, torch.float16), conv, state, rows, res)
+
+
+# A ragged batch of short extends as MTP's verify and draft depths bring them (and a fresh one-token
+# sequence, whose conv starts from zeros whatever its slot holds): tokens a sequence, cached prefix, row.
+EXTEND_LENS, EXTEND_PREFIX, EXTEND_ROWS = [3, 1, 5], [7, 0, 2], [4, 0, 3]
+
+
+def _windows(x: torch.Tensor, state: torch.Tensor) -> dict[int, torch.Tensor]:
+    """Each sequence's conv window (its prior state, zeros when fresh, then its inputs), from the lists above."""
+    out, at = {}, 0
+    for n, prefix, row in zip(EXTEND_LENS, EXTEND_PREFIX, EXTEND_ROWS):
+        prior = state[row] if prefix > 0 else torch.zeros_like(state[row])
+        out[row] = torch.cat([prior, x[at : at + n].float()])
+        at += n
+    return out
+
+
+@pytest.mark.parametrize("c", CHANNELS)
+@pytest.mark.parametrize("norm", [True, False])
+@pytest.mark.parametrize("capture", [True, False])
+def test_extend_matches_reference_and_captures_windows(c, norm, capture):
+    """The extend form vs the short-conv reference over each sequence, then the add (+ norm): rows,
+    states (exact: they hold the inputs, fp32) and, capturing, each sequence's window as written here
+    (its other rows, and other sequences' rows, left as they were)."""
+    from sgl_inkling_kernels.sconv_norm import sconv_add_rmsnorm_extend
+
+    g = torch.Generator().manual_seed(3 * c + 2 * norm + capture)
+    t, slots, k = sum(EXTEND_LENS), 6, 4
+    conv = (0.3 * torch.randn(c, 1, k, generator=g)).to(DEVICE)
+    state = torch.randn(slots, k - 1, c, generator=g).to(DEVICE)
+    x = (2.0 * torch.randn(t, c, generator=g)).to(DEVICE)
+    res = torch.randn(t, c, generator=g).to(DEVICE)
+    norm_w = (1.0 + 0.3 * torch.randn(c, generator=g)).to(DEVICE) if norm else None
+    rows, prefix, lens = (torch.tensor(v, device=DEVICE) for v in (EXTEND_ROWS, EXTEND_PREFIX, EXTEND_LENS))
+    starts = torch.cumsum(lens, 0) - lens
+    want_windows = _windows(x, state)
+    ref_state = state.clone()
+    y = sconv_ref(x, conv, ref_state, rows, prefix, lens)
+    want_s = res + y
+    cap = torch.full((slots, k - 1 + 6, c), -7.0, device=DEVICE) if capture else None
+    got_n, got_s = sconv_add_rmsnorm_extend(x, conv, state, rows, prefix, lens, starts, res, norm_w, 1e-6, cap)
+    torch.testing.assert_close(got_s, want_s, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(state, ref_state, atol=0, rtol=0)
+    if norm:
+        torch.testing.assert_close(got_n, rmsnorm_ref(want_s, norm_w, 1e-6), atol=1e-5, rtol=1e-5)
+    else:
+        assert got_n is None
+    if capture:
+        for row in range(slots):
+            want = torch.full_like(cap[row], -7.0)
+            if row in want_windows:
+                want[: want_windows[row].shape[0]] = want_windows[row]
+            torch.testing.assert_close(cap[row], want, atol=0, rtol=0)
+
+
+def test_extend_equals_decode_steps_bit_for_bit():
+    """A verify's output conv equals the decode steps its tokens would have taken one at a time (the
+    decode kernel, same arithmetic): the same bits for the rows, the normed rows and the states. What
+    keeps MTP's greedy output the plain decode's on the GPU."""
+    from sgl_inkling_kernels.sconv_norm import sconv_add_rmsnorm_extend
+
+    c = max(CHANNELS)
+    g = torch.Generator().manual_seed(17)
+    lens = [4, 2, 4]
+    conv = (0.3 * torch.randn(c, 1, 4, generator=g)).to(DEVICE)
+    state = torch.randn(5, 3, c, generator=g).to(DEVICE)
+    x = (2.0 * torch.randn(sum(lens), c, generator=g)).to(DEVICE, torch.bfloat16)
+    res = torch.randn(sum(lens), c, generator=g).to(DEVICE, torch.bfloat16)
+    norm_w = (1.0 + 0.3 * torch.randn(c, generator=g)).to(DEVICE, torch.bfloat16)
+    rows = torch.tensor([1, 4, 2], device=DEVICE)
+    lens_t = torch.tensor(lens, device=DEVICE)
+    step_state = state.clone()
+    got_n, got_s = sconv_add_rmsnorm_extend(
+        x, conv, state, rows, lens_t, lens_t, torch.cumsum(lens_t, 0) - lens_t, res, norm_w, 1e-6
+    )
+    starts = [0, 4, 6]
+    for j in range(max(lens)):
+        seqs = [i for i, n in enumerate(lens) if n > j]
+        at = torch.tensor([starts[i] + j for i in seqs], device=DEVICE)
+        n_j, s_j = sconv_add_rmsnorm_decode(x[at], conv, step_state, rows[seqs], res[at], norm_w, 1e-6)
+        assert torch.equal(got_s[at], s_j) and torch.equal(got_n[at], n_j)
+    assert torch.equal(state, step_state)

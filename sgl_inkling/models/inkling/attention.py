@@ -13,10 +13,10 @@ from sgl_inkling.mem_cache.memory_pool import SCONV_K, SCONV_V
 from sgl_inkling.model_executor.forward_batch import ForwardBatch, ForwardMode
 from sgl_inkling.models.inkling.config import InklingTextConfig
 from sgl_inkling.models.inkling.norm import RMSNorm
-from sgl_inkling.models.inkling.sconv import ShortConv
+from sgl_inkling.models.inkling.sconv import ShortConv, capture_window
 from sgl_inkling_kernels._triton import fused_decode, use_triton
 from sgl_inkling_kernels.dense_gemv import applies
-from sgl_inkling_kernels.qkvr_epilogue import qkvr_decode_epilogue
+from sgl_inkling_kernels.qkvr_epilogue import qkvr_decode_epilogue, qkvr_extend_epilogue
 
 
 class RelLogitsProj(nn.Module):
@@ -80,30 +80,38 @@ class InklingAttention(nn.Module):
             start += n
         self.wqkvr = packed  # a plain attribute: not a parameter, so no loader ever sees it
 
-    def _fused_decode(self, batch: ForwardBatch) -> bool:
-        """The packed GEMM + epilogue kernel serve plain decode steps; MTP's conv capture needs the
-        per-stream path (it records each conv's inputs)."""
+    def _epilogue(self, batch: ForwardBatch) -> str | None:
+        """Which packed-GEMM epilogue serves the batch: "decode" for plain decode steps, "extend" for
+        MTP's verify and draft depths (which capture conv windows) and other short extends; None:
+        the per-stream modules (prompts, conv snapshots, no packed weight)."""
+        if self.wqkvr is None or not fused_decode():
+            return None
         capture = batch.sconv_capture
-        return (
-            self.wqkvr is not None
-            and fused_decode()
-            and batch.mode is ForwardMode.DECODE
-            and (capture is None or self.spec.layer_id not in capture)
-        )
+        if batch.mode is ForwardMode.DECODE and (capture is None or self.spec.layer_id not in capture):
+            return "decode"
+        return "extend" if batch.is_short_extend() else None
 
     def project(self, x: torch.Tensor, batch: ForwardBatch, kv_cache=None) -> tuple[torch.Tensor | None, ...]:
         """(q normed, k convolved and normed, v convolved, rel), each [T, heads, dim]. On the fused
-        decode path, given `kv_cache` (the backend's kv_destination), k and v go straight into the
-        cache and come back None."""
+        paths, given `kv_cache` (the backend's kv_destination), k and v go straight into the cache
+        and come back None."""
         s = self.spec
         t = x.shape[0]
-        if use_triton(x) and self._fused_decode(batch):
+        epilogue = self._epilogue(batch) if use_triton(x) else None
+        if epilogue is not None:
             pool = batch.sconv_pool
-            return qkvr_decode_epilogue(
+            args = (
                 decode_linear(x, self.wqkvr), s.num_heads, s.num_kv_heads, s.head_dim,
                 self.q_norm.weight, self.k_norm.weight, self.k_sconv.weight, self.v_sconv.weight,
                 pool.state(s.layer_id, SCONV_K), pool.state(s.layer_id, SCONV_V), batch.req_pool_indices,
-                self.q_norm.eps, kv_cache=kv_cache,
+            )  # fmt: skip
+            if epilogue == "decode":
+                return qkvr_decode_epilogue(*args, self.q_norm.eps, kv_cache=kv_cache)
+            width = args[8].shape[1]
+            windows = [capture_window(batch, s.layer_id, stream, width) for stream in (SCONV_K, SCONV_V)]
+            return qkvr_extend_epilogue(
+                *args, batch.prefix_lens, batch.extend_lens, batch.extend_starts(), self.q_norm.eps,
+                kv_cache=kv_cache, capture=tuple(windows) if windows[0] is not None else None,
             )  # fmt: skip
         xq, xk, xv, xr = self._projections(x)
         q = self.q_norm(xq.reshape(t, s.num_heads, s.head_dim))
@@ -124,7 +132,7 @@ class InklingAttention(nn.Module):
 
     def forward(self, x: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
         s = self.spec
-        fused = use_triton(x) and self._fused_decode(batch)
+        fused = use_triton(x) and self._epilogue(batch) is not None
         q, k, v, rel = self.project(x, batch, batch.attn_backend.kv_destination(s, batch) if fused else None)
         tau = None
         if self.log_scaling is not None:

@@ -18,10 +18,14 @@ from sgl_inkling.models.inkling.attention import InklingAttention
 from sgl_inkling.models.inkling.config import SPARSE, InklingTextConfig
 from sgl_inkling.models.inkling.moe import DenseMLP, MoE
 from sgl_inkling.models.inkling.norm import RMSNorm
-from sgl_inkling.models.inkling.sconv import ShortConv
+from sgl_inkling.models.inkling.sconv import ShortConv, capture_window
 from sgl_inkling_kernels._triton import fused_decode, use_triton
 from sgl_inkling_kernels.rmsnorm import fused_add_rmsnorm
-from sgl_inkling_kernels.sconv_norm import sconv_add_decode, sconv_add_rmsnorm_decode
+from sgl_inkling_kernels.sconv_norm import (
+    sconv_add_decode,
+    sconv_add_rmsnorm_decode,
+    sconv_add_rmsnorm_extend,
+)
 
 # Up to this many tokens a MoE's slots are summed in the FFN output conv's launch (one launch fewer a
 # layer: 2 us a layer at batch 1 and 8 at batch 8 on the H100); at batch 64 the conv's programs, each
@@ -47,16 +51,31 @@ class DecoderLayer(nn.Module):
         """The four convs in pool stream order (SCONV_K, SCONV_V, SCONV_ATTN, SCONV_MLP)."""
         return self.attn.k_sconv, self.attn.v_sconv, self.attn_sconv, self.mlp_sconv
 
-    def _fused_decode(self, batch: ForwardBatch) -> bool:
-        """Plain decode at TP 1 fuses each output conv with the residual add (and the FFN's norm);
-        under TP the conv runs on a reduce-scattered shard, and MTP's conv capture needs the module."""
+    def _fused(self, batch: ForwardBatch) -> str | None:
+        """At TP 1 each output conv is fused with the residual add (and the next norm): "decode" for
+        plain decode steps, "extend" for MTP's verify and draft depths (which capture conv windows)
+        and other short extends; None: the modules (prompts, conv snapshots, and TP, where the conv
+        runs on a reduce-scattered shard)."""
+        if not fused_decode() or get_parallel().tp_size != 1:
+            return None
         capture = batch.sconv_capture
-        return (
-            fused_decode()
-            and batch.mode is ForwardMode.DECODE
-            and get_parallel().tp_size == 1
-            and (capture is None or self.attn.spec.layer_id not in capture)
-        )
+        if batch.mode is ForwardMode.DECODE and (capture is None or self.attn.spec.layer_id not in capture):
+            return "decode"
+        return "extend" if batch.is_short_extend() else None
+
+    def _conv_add(self, kind: str, x, conv: ShortConv, residual: torch.Tensor, norm: RMSNorm | None, batch):
+        """(norm(residual + conv(x)) or None, residual + conv(x)) through the fused kernel of `kind`."""
+        lid = self.attn.spec.layer_id
+        state, rows = batch.sconv_pool.state(lid, conv.stream), batch.req_pool_indices
+        w, eps = (norm.weight, norm.eps) if norm is not None else (None, 0.0)
+        if kind == "decode":
+            if norm is None:
+                return None, sconv_add_decode(x, conv.weight, state, rows, residual)
+            return sconv_add_rmsnorm_decode(x, conv.weight, state, rows, residual, w, eps)
+        return sconv_add_rmsnorm_extend(
+            x, conv.weight, state, rows, batch.prefix_lens, batch.extend_lens, batch.extend_starts(), residual,
+            w, eps, capture=capture_window(batch, lid, conv.stream, state.shape[1]),
+        )  # fmt: skip
 
     def forward(
         self,
@@ -70,25 +89,12 @@ class DecoderLayer(nn.Module):
         norm), computed in this layer's last launch where the fused decode path runs (a launch fewer
         a layer), else left to the caller (None)."""
         a = self.attn(self.attn_norm(h) if normed is None else normed, batch)
-        if use_triton(h) and self._fused_decode(batch):
-            pool, rows, lid = batch.sconv_pool, batch.req_pool_indices, self.attn.spec.layer_id
-            m_in, h = sconv_add_rmsnorm_decode(
-                a,
-                self.attn_sconv.weight,
-                pool.state(lid, SCONV_ATTN),
-                rows,
-                h,
-                self.mlp_norm.weight,
-                self.mlp_norm.eps,
-            )
+        fused = self._fused(batch) if use_triton(h) else None
+        if fused is not None:
+            m_in, h = self._conv_add(fused, a, self.attn_sconv, h, self.mlp_norm, batch)
             defer = isinstance(self.mlp, MoE) and m_in.shape[0] <= SLOT_SUM_IN_CONV_MAX_TOKENS
             m = self.mlp(m_in, defer_slot_sum=True) if defer else self.mlp(m_in)
-            state = pool.state(lid, SCONV_MLP)
-            if next_norm is None:
-                return sconv_add_decode(m, self.mlp_sconv.weight, state, rows, h), None
-            out_normed, h = sconv_add_rmsnorm_decode(
-                m, self.mlp_sconv.weight, state, rows, h, next_norm.weight, next_norm.eps
-            )
+            out_normed, h = self._conv_add(fused, m, self.mlp_sconv, h, next_norm, batch)
             return h, out_normed
         a = all_gather_hidden(self.attn_sconv(reduce_scatter_hidden(a), batch))
         if use_triton(h):

@@ -28,19 +28,14 @@ class ShortConv(nn.Module):
         decode = batch.mode is ForwardMode.DECODE
         if not decode and batch.sconv_snapshots:
             _snapshot(x, state, batch, self.layer_id, self.stream)  # before the state moves on
-        capture = None
-        if batch.sconv_capture is not None and self.layer_id in batch.sconv_capture:
-            capture = batch.sconv_capture[self.layer_id][self.stream]
-            if decode or not use_triton(x):
-                _capture(x, state, batch, capture)
-                capture = None
+        capture = capture_window(batch, self.layer_id, self.stream, state.shape[1])
+        if capture is not None and (decode or not use_triton(x)):
+            _capture(x, state, batch, capture)
+            capture = None
         if use_triton(x):
             if decode:
                 return sconv_decode(x, self.weight, state, batch.req_pool_indices)
             # The extend kernel writes MTP's window itself (4 launches a stream fewer in verify and draft steps).
-            if capture is not None and max(batch.extend_lens_cpu, default=0) > capture.shape[1] - state.shape[1]:
-                raise ValueError(f"MTP conv capture holds {capture.shape[1] - state.shape[1]} tokens, the batch "
-                                 f"brings {max(batch.extend_lens_cpu)}")  # fmt: skip
             return sconv_extend(
                 x, self.weight, state, batch.req_pool_indices, batch.prefix_lens, batch.extend_lens,
                 q_start=batch.extend_starts(), capture=capture,
@@ -52,6 +47,18 @@ class ShortConv(nn.Module):
         else:
             y = _extend(xf, w, state, batch)
         return y.to(x.dtype)
+
+
+def capture_window(batch: ForwardBatch, layer_id: int, stream: int, width: int) -> torch.Tensor | None:
+    """MTP's window buffer [rows, width + tokens, C] for this layer and stream when the batch captures
+    them, else None; a batch bringing more tokens a sequence than the buffer holds is refused."""
+    if batch.sconv_capture is None or layer_id not in batch.sconv_capture:
+        return None
+    capture = batch.sconv_capture[layer_id][stream]
+    if max(batch.extend_lens_cpu, default=0) > capture.shape[1] - width:
+        raise ValueError(f"MTP conv capture holds {capture.shape[1] - width} tokens, the batch "
+                         f"brings {max(batch.extend_lens_cpu)}")  # fmt: skip
+    return capture
 
 
 def _conv(window: torch.Tensor, w: torch.Tensor, n: int) -> torch.Tensor:
