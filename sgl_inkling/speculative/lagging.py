@@ -72,8 +72,19 @@ class LaggingDepths:
 
     def catch_up(self, reqs: list[Req], k: int) -> None:
         """The depths consume each request's lagged tokens; the unfinished ones then draft k tokens
-        from their pending one (self.k becomes k, each one's draft_count too)."""
+        from their pending one (each one's draft_count becomes k). A drafting catch-up (k > 0, after
+        a plain step) sets the batch's next step to k; a non-drafting one (a full lag buffer, a
+        request leaving) leaves it as the chooser picked: a leaving request's catch-up set it to 0,
+        and the next step ran plain decode over the others, whose tails it cannot take."""
+        batch_k = self.k
         self.k = k
+        try:
+            self._consume_lag(reqs, k)
+        finally:
+            if not k:
+                self.k = batch_k
+
+    def _consume_lag(self, reqs: list[Req], k: int) -> None:
         tails = [q for q in reqs if q.depth_lag and q.lag_from]
         if tails:
             if k:

@@ -231,3 +231,29 @@ def test_chooser_counts_the_tails_share():
         assert rate[picked] >= 0.99 * rate[best], (dear, picked, best, rate)
     # Dearer catch-ups move the pick deeper (the depths past it are fewer; k = 8 has no tail at all).
     assert picks[0.0] <= picks[2.0] <= picks[6.0] and picks[0.0] < picks[6.0], picks
+
+
+def test_a_request_leaving_keeps_the_batchs_drafts(cached, monkeypatch):
+    """A request that finishes while another's tail lags: caching it catches its own depths up (a
+    non-drafting catch-up), and the batch keeps drafting the k the chooser picked. That catch-up
+    used to set the batch's k to 0, so the next step ran plain decode over a request whose tail
+    lagged, which the plain step refuses: the H100's exact MTP test failed its remaining requests
+    so. The survivor's output is the trunk's; no plain step ran."""
+    s = cached
+    force_picks(s, monkeypatch, [2])
+    pa, pb = random_prompt(24, seed=21), random_prompt(27, seed=22)
+    a = submit(s, "a", pa, max_new_tokens=9)
+    b = submit(s, "b", pb, max_new_tokens=40)
+    plain = s.spec.num_plain_steps
+    lagged_at_finish = None
+    while not b.finished:
+        was_running = not a.finished
+        step(s)
+        if was_running and a.finished:
+            lagged_at_finish = (b.depth_lag, b.lag_from)
+            assert s.spec.k == 2, "the leaving request's catch-up changed the batch's k"
+    assert lagged_at_finish is not None and lagged_at_finish[0] and lagged_at_finish[1] == 2, lagged_at_finish
+    assert s.spec.num_plain_steps == plain
+    assert b.output_ids == trunk_greedy(s, pb, 40)
+    assert a.output_ids == trunk_greedy(s, pa, 9)
+    s.abort("", abort_all=True)
