@@ -16,6 +16,11 @@ the same bits, run after run), then normalises its block of `summed`. Without a 
 output, whose sum is the layer's output) launch 2 is skipped. The grid and every compile key
 depend on the shapes' C only, never on the batch (CUDA-graph safe, no recompiles). TP 1 only:
 under TP the conv runs on a reduce-scattered shard and the residual add after the all-gather.
+
+`sconv_add_rmsnorm_extend` is launch 1 for a few tokens a sequence (MTP's verify and draft depths):
+one program per (sequence, block) takes the sequence's tokens in order, each with the decode step's
+arithmetic (the same bits as that many decode steps), and with MTP's capture buffer also writes the
+sequence's conv window (prior state, then its inputs) for rollback; launch 2 is the same.
 """
 
 from __future__ import annotations
