@@ -156,6 +156,15 @@ def test_tiny_draftable_float32_exact():
 
 
 def test_slice_dummy_bfloat16():
+    from sgl_inkling.model_executor.model_loader import build_model
+    from sgl_inkling.models.inkling.slice_config import slice_config
+
+    # The bf16 slice's weights, counted on the meta device (104 GB): an 80 GB H100 cannot hold them,
+    # and the server ran out of memory loading them there.
+    weights = sum(p.numel() * p.element_size() for p in build_model(slice_config(), torch.bfloat16, "meta").parameters())
+    total = torch.cuda.get_device_properties(0).total_memory
+    if weights > 0.9 * total:
+        pytest.skip(f"the bf16 slice's weights ({weights / 1e9:.0f} GB) do not fit this card ({total / 1e9:.0f} GB)")
     sys.path.insert(0, str(ROOT))
     from benchmark.slice_dir import write_slice_dir
 
