@@ -10,12 +10,12 @@ import torch
 
 from sgl_inkling.sampling.host_copy import to_device
 
-_INT64_PER_16_BYTES = 2
+_INT64_PER_16_BYTES = 2  # the field alignment of ForwardBatch.build's one staged copy
 
 # Extends of at most this many tokens a sequence (MTP's verify and draft depths, short prompts) take
 # the fused epilogues' extend forms, one program walking a sequence's tokens; longer ones keep the
 # per-stream kernels, which spread a sequence's tokens over programs.
-SHORT_EXTEND_TOKENS = 16  # the field alignment of ForwardBatch.build's one staged copy
+SHORT_EXTEND_TOKENS = 16
 
 
 class ForwardMode(Enum):

@@ -86,7 +86,7 @@ class DecoderLayer(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(hidden state out, next_norm of it or None). normed: this layer's attn_norm(h) where the layer
         before computed it; next_norm: the norm that follows (the next layer's attn_norm, or the final
-        norm), computed in this layer's last launch where the fused decode path runs (a launch fewer
+        norm), computed in this layer's last launch where a fused path runs (a launch fewer
         a layer), else left to the caller (None)."""
         a = self.attn(self.attn_norm(h) if normed is None else normed, batch)
         fused = self._fused(batch) if use_triton(h) else None
