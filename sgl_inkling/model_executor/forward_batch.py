@@ -76,12 +76,21 @@ class ForwardBatch:
             self._per_forward[key] = make()
         return self._per_forward[key]
 
-    def is_short_extend(self) -> bool:
-        """An extend of 1..SHORT_EXTEND_TOKENS tokens a sequence without conv snapshots to take, or a
-        decode batch (one each): what the fused epilogues' extend forms serve."""
+    def max_extend_len(self) -> int:
+        """The most new tokens any sequence brings (host lists, once a forward: every layer asks)."""
+        return self.once("max_extend_len", lambda: max(self.extend_lens_cpu, default=0))
+
+    def fused_form(self, layer_id: int) -> str | None:
+        """Which form of the fused epilogues serves this layer's batch: "decode" for a plain decode
+        step, "extend" for an extend of 1..SHORT_EXTEND_TOKENS tokens a sequence without conv
+        snapshots to take (MTP's verify and draft depths, which capture conv windows, and short
+        prompts), or a decode batch that captures them; None: the per-stream modules."""
+        capture = self.sconv_capture
+        if self.mode is ForwardMode.DECODE and (capture is None or layer_id not in capture):
+            return "decode"
         if self.sconv_snapshots:
-            return False
-        return self.mode is ForwardMode.DECODE or 0 < max(self.extend_lens_cpu, default=0) <= SHORT_EXTEND_TOKENS
+            return None
+        return "extend" if self.mode is ForwardMode.DECODE or 0 < self.max_extend_len() <= SHORT_EXTEND_TOKENS else None
 
     def extend_starts(self) -> torch.Tensor:
         """Each sequence's first row in the flattened tokens ([B], the exclusive cumsum of extend_lens),

@@ -250,7 +250,7 @@ def test_short_extend_with_capture_matches_modules(model):
         pools.append(p)
         captures.append(cap)
         batches.append(b)
-    assert batches[0].is_short_extend()
+    assert batches[0].fused_form(lid) == "extend"
     k_buf, v_buf = (torch.zeros(t, s.num_kv_heads, s.head_dim, device=DEVICE) for _ in range(2))
 
     class Dest(AttentionBackend):  # only where the new keys and values go

@@ -10,7 +10,7 @@ from sgl_inkling.distributed.sharding import declare, local, on_dim, split, spli
 from sgl_inkling.layers.attention.base import AttnLayerSpec
 from sgl_inkling.layers.linear import Linear, decode_linear
 from sgl_inkling.mem_cache.memory_pool import SCONV_K, SCONV_V
-from sgl_inkling.model_executor.forward_batch import ForwardBatch, ForwardMode
+from sgl_inkling.model_executor.forward_batch import ForwardBatch
 from sgl_inkling.models.inkling.config import InklingTextConfig
 from sgl_inkling.models.inkling.norm import RMSNorm
 from sgl_inkling.models.inkling.sconv import ShortConv, capture_window
@@ -81,15 +81,11 @@ class InklingAttention(nn.Module):
         self.wqkvr = packed  # a plain attribute: not a parameter, so no loader ever sees it
 
     def _epilogue(self, batch: ForwardBatch) -> str | None:
-        """Which packed-GEMM epilogue serves the batch: "decode" for plain decode steps, "extend" for
-        MTP's verify and draft depths (which capture conv windows) and other short extends; None:
-        the per-stream modules (prompts, conv snapshots, no packed weight)."""
+        """Which packed-GEMM epilogue serves the batch (ForwardBatch.fused_form); None: the per-stream
+        modules (and always without the packed weight)."""
         if self.wqkvr is None or not fused_decode():
             return None
-        capture = batch.sconv_capture
-        if batch.mode is ForwardMode.DECODE and (capture is None or self.spec.layer_id not in capture):
-            return "decode"
-        return "extend" if batch.is_short_extend() else None
+        return batch.fused_form(self.spec.layer_id)
 
     def project(self, x: torch.Tensor, batch: ForwardBatch, kv_cache=None) -> tuple[torch.Tensor | None, ...]:
         """(q normed, k convolved and normed, v convolved, rel), each [T, heads, dim]. On the fused
@@ -99,15 +95,15 @@ class InklingAttention(nn.Module):
         t = x.shape[0]
         epilogue = self._epilogue(batch) if use_triton(x) else None
         if epilogue is not None:
-            pool = batch.sconv_pool
+            k_state, v_state = (batch.sconv_pool.state(s.layer_id, stream) for stream in (SCONV_K, SCONV_V))
             args = (
                 decode_linear(x, self.wqkvr), s.num_heads, s.num_kv_heads, s.head_dim,
                 self.q_norm.weight, self.k_norm.weight, self.k_sconv.weight, self.v_sconv.weight,
-                pool.state(s.layer_id, SCONV_K), pool.state(s.layer_id, SCONV_V), batch.req_pool_indices,
+                k_state, v_state, batch.req_pool_indices,
             )  # fmt: skip
             if epilogue == "decode":
                 return qkvr_decode_epilogue(*args, self.q_norm.eps, kv_cache=kv_cache)
-            width = args[8].shape[1]
+            width = k_state.shape[1]
             windows = [capture_window(batch, s.layer_id, stream, width) for stream in (SCONV_K, SCONV_V)]
             return qkvr_extend_epilogue(
                 *args, batch.prefix_lens, batch.extend_lens, batch.extend_starts(), self.q_norm.eps,

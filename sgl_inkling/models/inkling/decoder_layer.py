@@ -13,7 +13,7 @@ from sgl_inkling.distributed.collectives import all_gather_hidden, reduce_scatte
 from sgl_inkling.distributed.parallel_state import get_parallel
 from sgl_inkling.distributed.sharding import declare, local, split
 from sgl_inkling.mem_cache.memory_pool import SCONV_ATTN, SCONV_MLP
-from sgl_inkling.model_executor.forward_batch import ForwardBatch, ForwardMode
+from sgl_inkling.model_executor.forward_batch import ForwardBatch
 from sgl_inkling.models.inkling.attention import InklingAttention
 from sgl_inkling.models.inkling.config import SPARSE, InklingTextConfig
 from sgl_inkling.models.inkling.moe import DenseMLP, MoE
@@ -52,16 +52,12 @@ class DecoderLayer(nn.Module):
         return self.attn.k_sconv, self.attn.v_sconv, self.attn_sconv, self.mlp_sconv
 
     def _fused(self, batch: ForwardBatch) -> str | None:
-        """At TP 1 each output conv is fused with the residual add (and the next norm): "decode" for
-        plain decode steps, "extend" for MTP's verify and draft depths (which capture conv windows)
-        and other short extends; None: the modules (prompts, conv snapshots, and TP, where the conv
+        """At TP 1 each output conv is fused with the residual add (and the next norm), in the form
+        ForwardBatch.fused_form picks; None: the modules (that form's None, and TP, where the conv
         runs on a reduce-scattered shard)."""
         if not fused_decode() or get_parallel().tp_size != 1:
             return None
-        capture = batch.sconv_capture
-        if batch.mode is ForwardMode.DECODE and (capture is None or self.attn.spec.layer_id not in capture):
-            return "decode"
-        return "extend" if batch.is_short_extend() else None
+        return batch.fused_form(self.attn.spec.layer_id)
 
     def _conv_add(self, kind: str, x, conv: ShortConv, residual: torch.Tensor, norm: RMSNorm | None, batch):
         """(norm(residual + conv(x)) or None, residual + conv(x)) through the fused kernel of `kind`."""

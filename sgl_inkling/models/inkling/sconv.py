@@ -55,9 +55,9 @@ def capture_window(batch: ForwardBatch, layer_id: int, stream: int, width: int) 
     if batch.sconv_capture is None or layer_id not in batch.sconv_capture:
         return None
     capture = batch.sconv_capture[layer_id][stream]
-    if max(batch.extend_lens_cpu, default=0) > capture.shape[1] - width:
+    if batch.max_extend_len() > capture.shape[1] - width:
         raise ValueError(f"MTP conv capture holds {capture.shape[1] - width} tokens, the batch "
-                         f"brings {max(batch.extend_lens_cpu)}")  # fmt: skip
+                         f"brings {batch.max_extend_len()}")  # fmt: skip
     return capture
 
 
