@@ -34,6 +34,7 @@ batch-1 step on the H200.) The chooser's cost table is projected the same way.
 
 from __future__ import annotations
 
+import gc
 import random
 import statistics
 from collections import Counter
@@ -57,6 +58,16 @@ FLAT_PRIOR = [0.5]
 
 def run_adaptive(model, cfg, bsz: int, args, gen, h) -> dict:
     """h: bench_one_batch's helpers (Clock, Seqs, nbytes, to_ms)."""
+    result = _run_adaptive(model, cfg, bsz, args, gen, h)
+    # The runner's pools and the worker's graphs (reference cycles) go before the next batch size's
+    # graphs are sized from the free memory: left cached, they cut an 80 GB card's batch-8 graphs to 4.
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    return result
+
+
+def _run_adaptive(model, cfg, bsz: int, args, gen, h) -> dict:
     k_max = args.mtp_steps
     curve = list(args.mtp_accept_curve)[:k_max]
     clock = h.Clock(model.model.llm.embed.weight.device)
@@ -84,6 +95,9 @@ def run_adaptive(model, cfg, bsz: int, args, gen, h) -> dict:
     # The chooser sees the costs of the model the table projects to (the trunk's forwards scaled to 66
     # layers as below, the draft steps as measured): on the 3-layer slice itself plain decode is the
     # cheapest way to a token, which says nothing about the served model.
+    if worker.draft_graphs is not None and worker.draft_graphs.max_bs < bsz:
+        raise SystemExit(f"MTP graphs were captured up to batch {worker.draft_graphs.max_bs} only (the free memory "
+                         f"left for their logits): batch {bsz} would time eager steps")  # fmt: skip
     bucket = bucket_for(worker.draft_graphs.buckets, bsz) if worker.draft_graphs is not None else bsz
     worker.costs = measure_step_costs(worker, trunk_scale=trunk_scale, head_s=head_floor / 1e3, context=args.input_len,
                                       trunk_layers_s={(bucket, r): ms / 1e3 for r, ms in layers_ms.items()})  # fmt: skip

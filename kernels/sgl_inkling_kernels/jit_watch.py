@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import traceback
 from collections.abc import Callable, Iterator
 
 from sgl_inkling_kernels._triton import HAS_TRITON, interpreting
@@ -84,5 +85,14 @@ def log_compiles_after_warmup() -> None:
 def _warn(desc: str) -> None:
     if _warming:
         return
-    # The whole description: the argument specialisations at its end say which variant warm-up missed.
-    logger.warning("Triton compiled a kernel after warm-up (a request waits for it): %s", " ".join(desc.split()))
+    # The whole description: the argument specialisations at its end say which variant warm-up missed;
+    # the launching line says which path the warm-up did not take.
+    logger.warning("Triton compiled a kernel after warm-up (a request waits for it), launched from %s: %s",
+                   _launch_site(), " ".join(desc.split()))  # fmt: skip
+
+
+def _launch_site() -> str:
+    """The innermost frame outside Triton and this module: the call that launched the kernel, and
+    the one above it."""
+    frames = [f for f in traceback.extract_stack() if "/triton/" not in f.filename and not f.filename.endswith("jit_watch.py")]
+    return " <- ".join(f"{f.filename.rsplit('/', 2)[-1]}:{f.lineno} ({f.name})" for f in reversed(frames[-2:]))
