@@ -34,7 +34,7 @@ class SpecDecodeMixin:
         if live:
             empty = torch.empty(0, self.runner.model.cfg.hidden_size, device=self.runner.device)
             with model_step():
-                self.spec.draft(live, [r.kv_len for r in live], [empty] * len(live))
+                self.spec.draft(live, [r.kv_len for r in live], [empty] * len(live), self.spec.k)
 
     def run_spec_decode(self) -> None:
         if self.spec.k == 0:  # the chooser picked no drafts: a plain decode step

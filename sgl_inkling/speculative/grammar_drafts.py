@@ -20,15 +20,15 @@ from sgl_inkling.sampling.host_copy import to_device
 
 
 class GrammarDrafts:
-    """Needs MTPWorker's runner, grammar (the xgrammar backend or None), num_steps and k."""
+    """Needs MTPWorker's runner, grammar (the xgrammar backend or None), num_steps and draft_buf."""
 
-    def _start_grammars(self, reqs: list[Req]) -> list[Req]:
+    def _start_grammars(self, reqs: list[Req], k: int) -> list[Req]:
         """Row 0 of each constrained request's verify masks is its grammar's state now; every request
-        gets self.k drafts."""
+        gets k drafts."""
         out = []
         for req in reqs:
             req.draft_masks, req.draft_tentative, req.draft_open = None, 0, False
-            req.draft_limit = req.draft_count = self.k
+            req.draft_limit = req.draft_count = k
             g = req.grammar
             if req.finished or g is None or not g.active:
                 continue
@@ -71,11 +71,11 @@ class GrammarDrafts:
         else:
             g.fill(req.draft_masks, depth + 1)
 
-    def _first_masks(self, reqs: list[Req]) -> torch.Tensor | None:
+    def _first_masks(self, reqs: list[Req], k: int) -> torch.Tensor | None:
         """Start the step's grammars (_start_grammars) and give DraftStep the bitmask of every
         request's first draft on the device [B, ceil(V / 32)] (all ones where unconstrained);
         None when no request is constrained."""
-        if not self._start_grammars(reqs):
+        if not self._start_grammars(reqs, k):
             return None
         idx = [i for i, q in enumerate(reqs) if q.draft_open]
         first = torch.stack([reqs[i].draft_masks[0] for i in idx])
@@ -83,16 +83,16 @@ class GrammarDrafts:
         full[idx] = first
         return to_device(full, full.dtype, self.runner.device)
 
-    def _walk_drafts(self, reqs: list[Req], rows: torch.Tensor) -> None:
-        """After DraftStep drafted self.k tokens for request rows `rows` (device): read the constrained
+    def _walk_drafts(self, reqs: list[Req], rows: torch.Tensor, k: int) -> None:
+        """After DraftStep drafted k tokens for request rows `rows` (device): read the constrained
         requests' drafts (one read), cap each at its longest legal prefix and fill its verify masks,
         then roll the grammars back."""
         idx = [i for i, q in enumerate(reqs) if q.draft_open]
         if not idx:
             return
-        if self.k:
+        if k:
             sel = rows[to_device(idx, torch.int64, rows.device)] if len(idx) < len(reqs) else rows
-            for i, drafts in zip(idx, self.draft_buf[sel, : self.k].tolist()):
+            for i, drafts in zip(idx, self.draft_buf[sel, :k].tolist()):
                 for depth, tok in enumerate(drafts):
                     if not reqs[i].draft_open:
                         break

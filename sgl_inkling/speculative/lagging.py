@@ -76,13 +76,9 @@ class LaggingDepths:
         a plain step) sets the batch's next step to k; a non-drafting one (a full lag buffer, a
         request leaving) leaves it as the chooser picked: a leaving request's catch-up set it to 0,
         and the next step ran plain decode over the others, whose tails it cannot take."""
-        batch_k = self.k
-        self.k = k
-        try:
-            self._consume_lag(reqs, k)
-        finally:
-            if not k:
-                self.k = batch_k
+        if k:
+            self.k = k
+        self._consume_lag(reqs, k)
 
     def _consume_lag(self, reqs: list[Req], k: int) -> None:
         tails = [q for q in reqs if q.depth_lag and q.lag_from]
@@ -100,10 +96,10 @@ class LaggingDepths:
             rows = to_device([q.row for q in reqs], torch.int64, self.runner.device)
             live = [0 if q.finished else 1 for q in reqs]
             pending = [0 if q.finished else q.fill_ids[q.kv_len] for q in reqs]
-            self.catch_up_rows(rows, starts, lags, live, pending, k, first_mask=lambda: self._first_masks(reqs))
-            self._walk_drafts(reqs, rows)  # grammar-constrained requests: their drafts' legal prefix
+            self.catch_up_rows(rows, starts, lags, live, pending, k, first_mask=lambda: self._first_masks(reqs, k))
+            self._walk_drafts(reqs, rows, k)  # grammar-constrained requests: their drafts' legal prefix
         else:  # the ragged chain: short prompts, requests with nothing lagged
-            self.draft(reqs, starts, [self.lag_hidden[q.row, :n] for q, n in zip(reqs, lags)])
+            self.draft(reqs, starts, [self.lag_hidden[q.row, :n] for q, n in zip(reqs, lags)], k)
         for q in reqs:
             q.depth_lag = 0
 

@@ -158,9 +158,9 @@ class MTPWorker(DraftControl, GrammarDrafts, LaggingDepths):
 
     # ---------------------------------------------------------------- draft
 
-    def draft(self, reqs: list[Req], starts: list[int], hidden: list[torch.Tensor]) -> None:
+    def draft(self, reqs: list[Req], starts: list[int], hidden: list[torch.Tensor], k: int) -> None:
         """Commit the tokens each request's trunk consumed since `starts[i]` (trunk outputs in
-        `hidden[i]`) at every depth, and draft the next tokens for the unfinished requests.
+        `hidden[i]`) at every depth, and draft the next k tokens for the unfinished requests.
 
         Unfinished requests need KV slots for tokens [kv_len, kv_len + K] (the next verify)."""
         seqs = []
@@ -169,14 +169,14 @@ class MTPWorker(DraftControl, GrammarDrafts, LaggingDepths):
             if not req.finished:
                 tokens = tokens + [req.fill_ids[req.kv_len]]  # the pending token, consumed speculatively
             seqs.append(LevelSeq(req.row, start, tokens, req.kv_len, h, want_drafts=not req.finished))
-        open_grammars = self._start_grammars(reqs)
+        open_grammars = self._start_grammars(reqs, k)
         pick = lambda d, idx, logits: self._pick(reqs, d, idx, logits)  # noqa: E731
-        drafts = self.chain.run(seqs, pick_drafts=pick, num_drafts=self.k)
+        drafts = self.chain.run(seqs, pick_drafts=pick, num_drafts=k)
         live = [i for i, req in enumerate(reqs) if not req.finished]
         if live:
             rows = to_device([reqs[i].row for i in live], torch.int64, self.runner.device)
-            if self.k:
-                self.draft_buf[rows, : self.k] = to_device([drafts[i] for i in live], torch.int64, self.runner.device)
+            if k:
+                self.draft_buf[rows, :k] = to_device([drafts[i] for i in live], torch.int64, self.runner.device)
         for req in open_grammars:
             req.grammar.rollback(req.draft_tentative)
             req.draft_tentative = 0
@@ -239,7 +239,7 @@ class MTPWorker(DraftControl, GrammarDrafts, LaggingDepths):
             sub = to_device(ragged, torch.int64, dev) if fixed else slice(None)
             self.trunk_capture.restore(rows[sub], to_device([kept[i] for i in ragged], torch.int64, dev))
             self.draft([reqs[i] for i in ragged], [starts[i] for i in ragged],
-                       [hidden[i * r : i * r + kept[i]] for i in ragged])  # fmt: skip
+                       [hidden[i * r : i * r + kept[i]] for i in ragged], self.k)  # fmt: skip
         if not fixed:
             return
         hidden = hidden.view(b, r, -1)
@@ -258,11 +258,11 @@ class MTPWorker(DraftControl, GrammarDrafts, LaggingDepths):
             self.k,
             [q.depth_lag for q in reqs],
             [q.lag_from for q in reqs],
-            first_mask=lambda: self._first_masks(reqs),  # host work while the trunk rolls back
+            first_mask=lambda: self._first_masks(reqs, self.k),  # host work while the trunk rolls back
         )
         for q, lag, f in zip(reqs, lags, froms):
             q.depth_lag, q.lag_from = lag, f
-        self._walk_drafts(reqs, rows)
+        self._walk_drafts(reqs, rows, self.k)
 
     def _fixed_shape_rows(self, reqs: list[Req], starts: list[int]) -> list[int]:
         """The requests DraftStep drafts (indices): with fixed shapes on, those past the tokens the

@@ -136,14 +136,14 @@ class Spy:
         self.masked_picks += mask is not None
         return self._pick(logits, mask)
 
-    def walk(self, reqs, rows):
+    def walk(self, reqs, rows, k):
         open_ = [q.draft_open for q in reqs]
         bad_ok = [bool(unpack_bitmask(q.draft_masks[:1], self.s.vocab)[0, BAD]) if o else False
                   for q, o in zip(reqs, open_)]  # fmt: skip
-        self._walk(reqs, rows)
-        if not self.spec.k:  # a catch-up that drafts nothing
+        self._walk(reqs, rows, k)
+        if not k:  # a catch-up that drafts nothing
             return
-        drafts = self.spec.draft_buf[rows, : self.spec.k].tolist()
+        drafts = self.spec.draft_buf[rows, :k].tolist()
         for q, o, ok, d in zip(reqs, open_, bad_ok, drafts):
             if not o:
                 if q.grammar is None and not q.finished:
