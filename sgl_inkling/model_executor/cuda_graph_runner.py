@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from sgl_inkling.model_executor.forward_batch import ForwardBatch, ForwardMode
+from sgl_inkling.model_executor.forward_batch import INT64_PER_16_BYTES, ForwardBatch, ForwardMode
 from sgl_inkling.models.inkling.model import ModelOutput
 from sgl_inkling.sampling.host_copy import to_device
 
@@ -91,7 +91,10 @@ class CudaGraphRunner:
         self.pad_row = runner.req_to_token.pad_row  # never handed to a request; its table row is all 0
         n, dev = self.buckets[-1], runner.device
         # One [fields, n] block: stage_decode fills the first `bucket` columns of every field at once.
-        self.inputs = torch.zeros(len(_FIELDS), n, dtype=torch.int64, device=dev)
+        # Rows padded to an even length, so every field starts 16-byte aligned as ForwardBatch.build's
+        # do: with an odd largest bucket (--cuda-graph-max-bs 1) the positions and SWA slots were
+        # 8-byte aligned, and the graphs ran kernel variants warm-up had not compiled.
+        self.inputs = torch.zeros(len(_FIELDS), n + -n % INT64_PER_16_BYTES, dtype=torch.int64, device=dev)
         self.static = {f: self.inputs[i] for i, f in enumerate(_FIELDS)}
         self.static["req_pool_indices"].fill_(self.pad_row)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}

@@ -10,7 +10,7 @@ import torch
 
 from sgl_inkling.sampling.host_copy import to_device
 
-_INT64_PER_16_BYTES = 2  # the field alignment of ForwardBatch.build's one staged copy
+INT64_PER_16_BYTES = 2  # int64 fields packed in one buffer start on 16-byte boundaries (Triton's pointer alignment)
 
 # Extends of at most this many tokens a sequence (MTP's verify and draft depths, short prompts) take
 # the fused epilogues' extend forms, one program walking a sequence's tokens; longer ones keep the
@@ -160,7 +160,7 @@ class ForwardBatch:
         for f in fields:
             starts.append(len(host))
             host.extend(f)
-            host.extend([0] * (-len(f) % _INT64_PER_16_BYTES))
+            host.extend([0] * (-len(f) % INT64_PER_16_BYTES))
         flat = to_device(host, torch.int64, device)
         views = [flat[s : s + len(f)] for s, f in zip(starts, fields)]
         ids = input_ids.reshape(-1) if on_device else views.pop(0)

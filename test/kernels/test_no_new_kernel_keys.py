@@ -130,3 +130,19 @@ def test_inkling_geometry_serves_without_new_kernel_variants(monkeypatch):
     new, launched = _new_keys(model, [3, 16, 33], max_reqs=5, graph_bs=4, monkeypatch=monkeypatch, num_sms=NUM_SMS)
     assert launched > 50
     assert new == [], "\n".join(new)
+
+
+def test_an_odd_largest_graph_bucket_captures_no_new_variants(tiny_model, monkeypatch):
+    """The decode graphs' static inputs are one block of fields; with an odd largest bucket
+    (--cuda-graph-max-bs or --max-running-requests 3) a row of 3 int64 left every other field
+    8-byte aligned, so the capture compiled pointer variants warm-up never had."""
+    max_reqs = 3
+    with torch.no_grad(), kernel_dispatch(True), record_keys() as log:
+        runner = ModelRunner(tiny_model, max_reqs, 1024, 4096, attention_backend="triton", kernel_warmup=False)
+        warm_up_kernels(runner, max_reqs)
+        warm, n_warm = log.keys(), len(log.launches)
+        monkeypatch.setattr(cuda_graph_runner, "capture_forward", _eager_capture)
+        runner.graphs = CudaGraphRunner(runner, max_reqs)
+    assert runner.graphs.buckets[-1] == max_reqs and len(log.launches) > n_warm
+    new = KeyLog(log.launches[n_warm:]).new_since(warm)
+    assert new == [], "\n".join(new)
