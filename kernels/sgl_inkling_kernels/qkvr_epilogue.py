@@ -192,6 +192,16 @@ def _outputs(qkvr, nh, nkv, d, q_norm, k_norm, kv_cache):
     return q, k, v, slots
 
 
+def _launch_args(qkvr, q, k, v, k_state, v_state, nh, nkv, d, ksz, kv_cache):
+    """What both kernels take after their pointers: the row strides of the input, outputs and conv
+    states, and the shape and mode constants (keyword arguments)."""
+    strides = (qkvr.stride(0), q.stride(0), k.stride(0), v.stride(0),
+               k_state.stride(0), k_state.stride(1), v_state.stride(0), v_state.stride(1))  # fmt: skip
+    meta = dict(NH=nh, NKV=nkv, D=d, BLOCK_D=next_pow2(d), K=ksz, BLOCK_K=next_pow2(ksz - 1),
+                TO_CACHE=kv_cache is not None, num_warps=1, **pdl_launch(qkvr))  # fmt: skip
+    return strides, meta
+
+
 def qkvr_decode_epilogue(
     qkvr: torch.Tensor,  # [B, (NH + 2 NKV) * D + NH * R]
     num_heads: int,
@@ -219,13 +229,10 @@ def qkvr_decode_epilogue(
     slots = rows if slots is None else slots
     rel = qkvr[:, (nh + 2 * nkv) * d :].view(bsz, nh, d_rel)
     if bsz:
+        strides, meta = _launch_args(qkvr, q, k, v, k_state, v_state, nh, nkv, d, ksz, kv_cache)
         _qkvr_epilogue_kernel[(bsz, nh + 2 * nkv)](
-            qkvr, q_norm, k_norm, k_conv, v_conv, k_state, v_state, rows, q, k, v, slots,
-            qkvr.stride(0), q.stride(0), k.stride(0), v.stride(0),
-            k_state.stride(0), k_state.stride(1), v_state.stride(0), v_state.stride(1), float(eps),
-            NH=nh, NKV=nkv, D=d, BLOCK_D=next_pow2(d), K=ksz, BLOCK_K=next_pow2(ksz - 1),
-            TO_CACHE=kv_cache is not None, num_warps=1, **pdl_launch(qkvr),
-        )  # fmt: skip
+            qkvr, q_norm, k_norm, k_conv, v_conv, k_state, v_state, rows, q, k, v, slots, *strides, float(eps), **meta
+        )
     return (q, None, None, rel) if kv_cache is not None else (q, k, v, rel)
 
 
@@ -267,14 +274,12 @@ def qkvr_extend_epilogue(
     rows, prefix_lens, extend_lens, q_start = unit_stride(rows, prefix_lens, extend_lens, q_start)
     rel = qkvr[:, (nh + 2 * nkv) * d :].view(ntok, nh, d_rel)
     if ntok:
+        strides, meta = _launch_args(qkvr, q, k, v, k_state, v_state, nh, nkv, d, ksz, kv_cache)
         _qkvr_extend_kernel[(rows.shape[0], nh + 2 * nkv)](
             qkvr, q_norm, k_norm, k_conv, v_conv, k_state, v_state, rows, prefix_lens, extend_lens, q_start,
             q, k, v, slots if slots is not None else rows, kcap, vcap,
-            qkvr.stride(0), q.stride(0), k.stride(0), v.stride(0),
-            k_state.stride(0), k_state.stride(1), v_state.stride(0), v_state.stride(1),
-            kcap.stride(0), kcap.stride(1), vcap.stride(0), vcap.stride(1), float(eps),
-            NH=nh, NKV=nkv, D=d, BLOCK_D=next_pow2(d), K=ksz, BLOCK_K=next_pow2(ksz - 1),
-            TO_CACHE=kv_cache is not None, CAPTURE=capture is not None, num_warps=1, **pdl_launch(qkvr),
+            *strides, kcap.stride(0), kcap.stride(1), vcap.stride(0), vcap.stride(1), float(eps),
+            CAPTURE=capture is not None, **meta,
         )  # fmt: skip
     return (q, None, None, rel) if kv_cache is not None else (q, k, v, rel)
 
