@@ -557,6 +557,7 @@ def _main(args: argparse.Namespace) -> dict:
         if not args.mtp_forced_only:
             adaptive = [mtp_adaptive.run_adaptive(model, config.text, bsz, args, gen, sys.modules[__name__])
                         for bsz in args.batch_size]  # fmt: skip
+            adaptive = [m for m in adaptive if m is not None]  # batches whose MTP graphs did not fit
 
     try:
         import triton

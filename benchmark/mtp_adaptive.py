@@ -56,8 +56,9 @@ LAYER_REPS = 20  # replays of each width's layers-only graph (median)
 FLAT_PRIOR = [0.5]
 
 
-def run_adaptive(model, cfg, bsz: int, args, gen, h) -> dict:
-    """h: bench_one_batch's helpers (Clock, Seqs, nbytes, to_ms)."""
+def run_adaptive(model, cfg, bsz: int, args, gen, h) -> dict | None:
+    """h: bench_one_batch's helpers (Clock, Seqs, nbytes, to_ms). None where the MTP graphs do not
+    cover the batch (the other batch sizes' results are still written)."""
     result = _run_adaptive(model, cfg, bsz, args, gen, h)
     # The runner's pools and the worker's graphs (reference cycles) go before the next batch size's
     # graphs are sized from the free memory: left cached, they cut an 80 GB card's batch-8 graphs to 4.
@@ -67,7 +68,7 @@ def run_adaptive(model, cfg, bsz: int, args, gen, h) -> dict:
     return result
 
 
-def _run_adaptive(model, cfg, bsz: int, args, gen, h) -> dict:
+def _run_adaptive(model, cfg, bsz: int, args, gen, h) -> dict | None:
     k_max = args.mtp_steps
     curve = list(args.mtp_accept_curve)[:k_max]
     clock = h.Clock(model.model.llm.embed.weight.device)
@@ -96,8 +97,9 @@ def _run_adaptive(model, cfg, bsz: int, args, gen, h) -> dict:
     # layers as below, the draft steps as measured): on the 3-layer slice itself plain decode is the
     # cheapest way to a token, which says nothing about the served model.
     if worker.draft_graphs is not None and worker.draft_graphs.max_bs < bsz:
-        raise SystemExit(f"MTP graphs were captured up to batch {worker.draft_graphs.max_bs} only (the free memory "
-                         f"left for their logits): batch {bsz} would time eager steps")  # fmt: skip
+        print(f"mtp_adaptive: batch {bsz} skipped: MTP graphs were captured up to batch {worker.draft_graphs.max_bs} "
+              "only (the free memory left for their logits), and eager steps would be timed instead")  # fmt: skip
+        return None
     bucket = bucket_for(worker.draft_graphs.buckets, bsz) if worker.draft_graphs is not None else bsz
     worker.costs = measure_step_costs(worker, trunk_scale=trunk_scale, head_s=head_floor / 1e3, context=args.input_len,
                                       trunk_layers_s={(bucket, r): ms / 1e3 for r, ms in layers_ms.items()})  # fmt: skip
