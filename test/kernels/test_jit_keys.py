@@ -145,3 +145,21 @@ def test_compile_warning_names_the_variant(caplog):
     with caplog.at_level("WARNING", logger=jit_watch.__name__):
         jit_watch._hook(repr="_kernel_c[num_warps=4](X: ()", compile={"key": None, "specialization_data": data})
     assert len(caplog.records) == 1 and caplog.records[0].getMessage().endswith(data)
+
+
+def _launch_kernel_d():  # stands for a launcher: the frame the warning names, with its caller
+    from sgl_inkling_kernels import jit_watch
+
+    jit_watch._hook(repr="_kernel_d[...]")
+
+
+def test_compile_warning_names_the_launching_line(caplog):
+    from sgl_inkling_kernels import jit_watch
+
+    jit_watch.log_compiles_after_warmup()
+    with caplog.at_level("WARNING", logger=jit_watch.__name__):
+        _launch_kernel_d()
+    msg = caplog.records[0].getMessage()
+    site = msg.split("launched from ")[1].split(": ")[0]
+    assert site.startswith("test_jit_keys.py:") and "(_launch_kernel_d) <- test_jit_keys.py:" in site, msg
+    assert site.endswith("(test_compile_warning_names_the_launching_line)"), msg

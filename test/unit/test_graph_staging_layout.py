@@ -51,3 +51,14 @@ def test_staged_batch_equals_the_built_one_with_padding_after_it(bs, ids_on_devi
 def test_batches_past_the_largest_graph_are_not_staged():
     g = staging_runner(4)
     assert g.stage_decode([[1]] * 5, list(range(5)), [1] * 5, [1] * 5, [1] * 5) is None
+
+
+@pytest.mark.parametrize("max_bs", [1, 3, 8])
+def test_every_static_field_starts_16_byte_aligned(max_bs):
+    # Triton compiles a variant per pointer alignment: an odd largest bucket left every other field of
+    # the [fields, max_bs] block 8-byte aligned, variants warm-up never compiled.
+    g = staging_runner(max_bs)
+    assert {f: t.data_ptr() % 16 for f, t in g.static.items()} == {f: 0 for f in g.static}
+    for bs in g.buckets:
+        staged = g.stage_decode([[1]] * bs, list(range(bs)), [1] * bs, [1] * bs, [1] * bs)
+        assert all(getattr(staged, f).data_ptr() % 16 == 0 for f in ("positions", "out_loc", "out_loc_swa"))
