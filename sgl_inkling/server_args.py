@@ -86,6 +86,7 @@ class ServerArgs:
     dist_init_addr: str | None = None  # host:port of node 0's rendezvous (multi-node)
     attention_backend: str | None = None  # None: triton on cuda, torch_native on cpu
     cuda_graph_max_bs: int = 128
+    cuda_graph_bs: list[int] | None = None  # the decode batch sizes captured (None: standard buckets up to the max)
     grammar_backend: str = "xgrammar"
     disable_cuda_graph: bool = False
     # Speculative decoding (MTP draft depths)
@@ -218,6 +219,10 @@ class ServerArgs:
         g.add_argument("--cuda-graph-max-bs", "--cuda-graph-max-bs-decode", dest="cuda_graph_max_bs", type=int,
                        default=d.cuda_graph_max_bs,
                        help="largest decode batch replayed from a CUDA graph (larger ones run eagerly)")
+        g.add_argument("--cuda-graph-bs", nargs="+", type=int, default=d.cuda_graph_bs,
+                       help="the decode batch sizes captured as CUDA graphs, e.g. 1 2 4 8 16 32 64 (a batch "
+                            "pads to the next one); its largest replaces --cuda-graph-max-bs; sizes above "
+                            "--max-running-requests are not captured (logged)")
         g.add_argument("--disable-cuda-graph", action="store_true")
         g.add_argument("--grammar-backend", choices=("xgrammar", "none"), default=d.grammar_backend,
                        help="constrained decoding (json_schema, regex, ebnf, tool calls)")
@@ -366,6 +371,13 @@ class ServerArgs:
             self.attention_backend = "triton" if on_cuda else "torch_native"
         if self.cuda_graph_max_bs < 0:
             fail("--cuda-graph-max-bs", f"must be >= 0, got {self.cuda_graph_max_bs}")
+        if self.cuda_graph_bs is not None:
+            if not self.cuda_graph_bs or min(self.cuda_graph_bs) < 1:
+                fail("--cuda-graph-bs", f"batch sizes must be >= 1, got {self.cuda_graph_bs}")
+            if self.disable_cuda_graph:
+                fail("--cuda-graph-bs", "given with --disable-cuda-graph, which captures no graphs")
+            self.cuda_graph_bs = sorted(set(self.cuda_graph_bs))
+            self.cuda_graph_max_bs = self.cuda_graph_bs[-1]
         if self.chunked_prefill_size is None:
             self.chunked_prefill_size = 8192 if on_cuda else 512
         if self.mem_fraction_static is None and on_cuda:

@@ -58,6 +58,7 @@ class Scheduler(OverlapDecodeMixin, SamplingMixin, PrefillMixin, SpecDecodeMixin
             sizes.max_swa_tokens,
             server_args.attention_backend,
             cuda_graph_max_bs=0 if server_args.disable_cuda_graph else server_args.cuda_graph_max_bs,
+            cuda_graph_bs=server_args.cuda_graph_bs,
         )
         self.sizes = sizes
         log_memory(f"KV pools ({sizes.max_total_tokens} full, {sizes.max_swa_tokens} sliding tokens) and decode graphs", dev)

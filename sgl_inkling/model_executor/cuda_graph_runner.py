@@ -56,6 +56,16 @@ def buckets_up_to(max_bs: int) -> list[int]:
     return [b for b in _BUCKETS if b < max_bs] + [max_bs]
 
 
+def graph_buckets(runner, max_bs: int) -> list[int]:
+    """The batch sizes the speculative graphs capture up to max_bs: the decode graphs' own (standard,
+    or --cuda-graph-bs), so a verify and a decode step of one batch pad alike; without decode graphs
+    (eager cost tables, tests) the standard buckets."""
+    graphs = getattr(runner, "graphs", None)
+    if graphs is None:
+        return buckets_up_to(max_bs)
+    return [b for b in graphs.buckets if b < max_bs] + [max_bs]
+
+
 def bucket_for(buckets: list[int], bs: int) -> int:
     """The smallest captured batch size that holds bs requests."""
     return buckets[bisect.bisect_left(buckets, bs)]
@@ -84,10 +94,11 @@ def capture_forward(runner, batch: ForwardBatch, pool=None) -> tuple[torch.cuda.
 
 
 class CudaGraphRunner:
-    def __init__(self, runner, max_bs: int, capture: bool = True):
-        """capture=False sets up the static inputs and batches alone (a CPU test of stage_decode)."""
+    def __init__(self, runner, max_bs: int, capture: bool = True, buckets: Sequence[int] | None = None):
+        """capture=False sets up the static inputs and batches alone (a CPU test of stage_decode);
+        `buckets` (--cuda-graph-bs): the batch sizes to capture, in place of the standard ones up to max_bs."""
         self.runner = runner
-        self.buckets = buckets_up_to(max_bs)
+        self.buckets = sorted(set(buckets)) if buckets else buckets_up_to(max_bs)
         self.pad_row = runner.req_to_token.pad_row  # never handed to a request; its table row is all 0
         n, dev = self.buckets[-1], runner.device
         # One [fields, n] block: stage_decode fills the first `bucket` columns of every field at once.

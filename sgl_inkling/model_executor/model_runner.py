@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import logging
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -12,6 +13,8 @@ from sgl_inkling.mem_cache.memory_pool import KVLayout, KVPool, ReqToTokenPool, 
 from sgl_inkling.model_executor.forward_batch import ForwardBatch, ForwardMode
 from sgl_inkling.model_executor.step_faults import FaultInjector, model_step
 from sgl_inkling.models.inkling.model import InklingForCausalLM, ModelOutput
+
+logger = logging.getLogger(__name__)
 
 
 def _triton_backend(*args) -> AttentionBackend:
@@ -44,9 +47,11 @@ class ModelRunner:
         attention_backend: str = "torch_native",
         cuda_graph_max_bs: int = 0,
         kernel_warmup: bool = True,
+        cuda_graph_bs: Sequence[int] | None = None,
     ):
         """`kernel_warmup`: on CUDA with the triton backend, compile every kernel serving can reach
-        before the first request (model_executor/kernel_warmup.py)."""
+        before the first request (model_executor/kernel_warmup.py). `cuda_graph_bs` (--cuda-graph-bs):
+        the decode batch sizes captured, in place of the standard buckets up to cuda_graph_max_bs."""
         if attention_backend not in ATTENTION_BACKENDS:
             raise ValueError(
                 f"unknown attention backend {attention_backend!r}; choose from {list(ATTENTION_BACKENDS)}"
@@ -95,7 +100,14 @@ class ModelRunner:
                 raise ValueError(
                     "CUDA graphs need --attention-backend triton (torch_native syncs with the host)"
                 )
-            self.graphs = CudaGraphRunner(self, min(cuda_graph_max_bs, max_running_requests))
+            buckets = None
+            if cuda_graph_bs:
+                buckets = [b for b in cuda_graph_bs if b <= max_running_requests]
+                if len(buckets) < len(cuda_graph_bs):  # as upstream, kept to what can run together; said
+                    logger.warning("--cuda-graph-bs: %s above the %d requests that can run together: not captured",
+                                   sorted(set(cuda_graph_bs) - set(buckets)), max_running_requests)  # fmt: skip
+            if buckets is None or buckets:
+                self.graphs = CudaGraphRunner(self, min(cuda_graph_max_bs, max_running_requests), buckets=buckets)
 
     def _attach(self, batch: ForwardBatch) -> ForwardBatch:
         batch.attn_backend = self.attn_backend

@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 import xgrammar as xgr
 
-from sgl_inkling.model_executor.cuda_graph_runner import bucket_for, buckets_up_to, capture_graph
+from sgl_inkling.model_executor.cuda_graph_runner import bucket_for, capture_graph, graph_buckets
 from sgl_inkling.speculative.draft_step import DraftStep
 
 _PER_REQ = ("rows", "start", "n", "live", "pending", "lag_at")
@@ -30,7 +30,7 @@ class DraftGraphRunner:
                  masks: bool = False, tails: bool = False):  # fmt: skip
         self.step = step
         runner = step.runner
-        self.buckets = buckets_up_to(max_bs)
+        self.buckets = graph_buckets(runner, max_bs)
         self.pad_row = runner.req_to_token.pad_row
         # Columns of verified tokens or, in a catch-up after plain steps, of lagged ones (<= K + 1).
         n, r, dev = self.buckets[-1], step.k + 1, runner.device

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import torch
 
-from sgl_inkling.model_executor.cuda_graph_runner import bucket_for, buckets_up_to, capture_graph
+from sgl_inkling.model_executor.cuda_graph_runner import bucket_for, capture_graph, graph_buckets
 from sgl_inkling.model_executor.forward_batch import ForwardBatch, ForwardMode
 from sgl_inkling.models.inkling.model import ModelOutput
 from sgl_inkling.sampling.sampler import TOPK_CANDIDATES
@@ -57,7 +57,7 @@ def kept_logits_bytes(runner, widths, max_bs: int) -> int:
     head returns them whatever the model's dtype) between replays, so they add up over widths and
     buckets; only the captures' temporaries share the pool. (Counted at the model's dtype, a bf16
     model was given twice the batches that fit: the bf16 MTP slice ran out of memory capturing.)"""
-    return sum(buckets_up_to(max_bs)) * sum(widths) * runner.model.cfg.vocab_size * 4 if max_bs > 0 else 0
+    return sum(graph_buckets(runner, max_bs)) * sum(widths) * runner.model.cfg.vocab_size * 4 if max_bs > 0 else 0
 
 
 def graph_max_bs(runner, widths, free_bytes: int | None = None) -> int:
@@ -70,7 +70,7 @@ def graph_max_bs(runner, widths, free_bytes: int | None = None) -> int:
         free_bytes = torch.cuda.mem_get_info(runner.device)[0]
     room, vocab = LOGITS_MEMORY_SHARE * free_bytes, runner.model.cfg.vocab_size
     best = 0
-    for bs in buckets_up_to(runner.graphs.buckets[-1]):
+    for bs in runner.graphs.buckets:
         if kept_logits_bytes(runner, widths, bs) + bs * max(widths) * vocab * 4 > room:
             break
         best = bs
@@ -96,7 +96,7 @@ class VerifyGraphRunner:
         self.runner = runner
         self.r = tokens_per_req
         self.capture = capture
-        self.buckets = buckets_up_to(max_bs)
+        self.buckets = graph_buckets(runner, max_bs)
         self.pad_row = runner.req_to_token.pad_row
         n, dev = self.buckets[-1], runner.device
         self.vocab = runner.model.cfg.unpadded_vocab_size  # the logits' width

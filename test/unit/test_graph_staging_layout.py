@@ -18,9 +18,9 @@ FIELDS = ("input_ids", "positions", "req_pool_indices", "prefix_lens", "extend_l
           "logits_indices")  # fmt: skip
 
 
-def staging_runner(max_bs: int) -> CudaGraphRunner:
+def staging_runner(max_bs: int, buckets=None) -> CudaGraphRunner:
     runner = SimpleNamespace(device=torch.device("cpu"), req_to_token=SimpleNamespace(pad_row=PAD_ROW))
-    return CudaGraphRunner(runner, max_bs, capture=False)
+    return CudaGraphRunner(runner, max_bs, capture=False, buckets=buckets)
 
 
 @pytest.mark.parametrize("bs", [1, 3, 4, 5, 8])
@@ -62,3 +62,21 @@ def test_every_static_field_starts_16_byte_aligned(max_bs):
     for bs in g.buckets:
         staged = g.stage_decode([[1]] * bs, list(range(bs)), [1] * bs, [1] * bs, [1] * bs)
         assert all(getattr(staged, f).data_ptr() % 16 == 0 for f in ("positions", "out_loc", "out_loc_swa"))
+
+
+def test_given_buckets_are_captured_and_batches_pad_to_the_next_one():
+    # --cuda-graph-bs 1 3 6: exactly those, a batch of 2 pads to 3 and of 4 to 6; 7 runs eagerly; the
+    # speculative graphs capture the same sizes up to their own largest (graph_buckets).
+    from sgl_inkling.model_executor.cuda_graph_runner import buckets_up_to, graph_buckets
+
+    g = staging_runner(6, buckets=[6, 1, 3])
+    assert g.buckets == [1, 3, 6]
+    for bs, bucket in ((1, 1), (2, 3), (3, 3), (4, 6), (6, 6)):
+        staged = g.stage_decode([[5]] * bs, list(range(bs)), [2] * bs, [1] * bs, [1] * bs)
+        assert staged.batch_size == bs and g.static["req_pool_indices"][bs:bucket].tolist() == [PAD_ROW] * (bucket - bs)
+    assert g.stage_decode([[5]] * 7, list(range(7)), [2] * 7, [1] * 7, [1] * 7) is None
+    runner = SimpleNamespace(graphs=g)
+    assert graph_buckets(runner, 6) == [1, 3, 6] and graph_buckets(runner, 3) == [1, 3]
+    assert graph_buckets(SimpleNamespace(graphs=None), 6) == buckets_up_to(6)
+    standard = SimpleNamespace(graphs=staging_runner(64))  # the default: the same as before
+    assert all(graph_buckets(standard, m) == buckets_up_to(m) for m in standard.graphs.buckets)

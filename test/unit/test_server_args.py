@@ -100,6 +100,19 @@ def test_bad_choice_exits_2(capsys):
 # --- upstream flags: honoured, or refused at start with the reason -------------------------
 
 
+def test_cuda_graph_bs_sets_the_buckets_and_their_largest(no_cuda, capsys):
+    a = parse_server_args(["--cuda-graph-bs", "8", "1", "4", "4", "64"])
+    assert a.cuda_graph_bs == [1, 4, 8, 64] and a.cuda_graph_max_bs == 64
+    assert parse_server_args([]).cuda_graph_bs is None and parse_server_args([]).cuda_graph_max_bs == 128
+    code, err = _exit_code_and_stderr(["--cuda-graph-bs", "0", "8"], capsys)
+    assert code == 2 and "error: --cuda-graph-bs: batch sizes must be >= 1" in err
+    code, err = _exit_code_and_stderr(["--cuda-graph-bs", "8", "--disable-cuda-graph"], capsys)
+    assert code == 2 and "error: --cuda-graph-bs:" in err and "--disable-cuda-graph" in err
+    with pytest.raises(ServerArgsError, match="--cuda-graph-bs"):
+        ServerArgs(cuda_graph_bs=[]).check()
+
+
+
 def test_upstream_names_and_neutral_values_accepted(no_cuda):
     a = parse_server_args([
         "--kv-cache-dtype", "auto", "--page-size", "1", "--moe-runner-backend", "auto",
