@@ -102,10 +102,12 @@ class ModelRunner:
                 )
             buckets = None
             if cuda_graph_bs:
-                buckets = [b for b in cuda_graph_bs if b <= max_running_requests]
-                if len(buckets) < len(cuda_graph_bs):  # as upstream, kept to what can run together; said
+                # As upstream, only sizes that can run together are captured; the rest are logged.
+                buckets = sorted({b for b in cuda_graph_bs if b <= max_running_requests})
+                dropped = sorted(set(cuda_graph_bs) - set(buckets))
+                if dropped:
                     logger.warning("--cuda-graph-bs: %s above the %d requests that can run together: not captured",
-                                   sorted(set(cuda_graph_bs) - set(buckets)), max_running_requests)  # fmt: skip
+                                   dropped, max_running_requests)  # fmt: skip
             if buckets is None or buckets:
                 self.graphs = CudaGraphRunner(self, min(cuda_graph_max_bs, max_running_requests), buckets=buckets)
 
