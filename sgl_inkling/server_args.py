@@ -377,6 +377,9 @@ class ServerArgs:
             if self.disable_cuda_graph:
                 fail("--cuda-graph-bs", "given with --disable-cuda-graph, which captures no graphs")
             self.cuda_graph_bs = sorted(set(self.cuda_graph_bs))
+            if self.cuda_graph_max_bs not in (ServerArgs.cuda_graph_max_bs, self.cuda_graph_bs[-1]):
+                fail("--cuda-graph-bs", f"its largest size {self.cuda_graph_bs[-1]} is the graphs' largest; "
+                                        f"--cuda-graph-max-bs {self.cuda_graph_max_bs} contradicts it (give one)")
             self.cuda_graph_max_bs = self.cuda_graph_bs[-1]
         if self.chunked_prefill_size is None:
             self.chunked_prefill_size = 8192 if on_cuda else 512

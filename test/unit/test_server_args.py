@@ -110,6 +110,9 @@ def test_cuda_graph_bs_sets_the_buckets_and_their_largest(no_cuda, capsys):
     assert code == 2 and "error: --cuda-graph-bs:" in err and "--disable-cuda-graph" in err
     with pytest.raises(ServerArgsError, match="--cuda-graph-bs"):
         ServerArgs(cuda_graph_bs=[]).check()
+    code, err = _exit_code_and_stderr(["--cuda-graph-bs", "1", "8", "--cuda-graph-max-bs", "32"], capsys)
+    assert code == 2 and "error: --cuda-graph-bs:" in err and "--cuda-graph-max-bs 32" in err
+    assert parse_server_args(["--cuda-graph-bs", "1", "8", "--cuda-graph-max-bs", "8"]).cuda_graph_max_bs == 8
 
 
 
