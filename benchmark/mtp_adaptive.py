@@ -78,8 +78,10 @@ def _run_adaptive(model, cfg, bsz: int, args, gen, h) -> dict | None:
     timed = args.warmup_steps + max(args.decode_steps, args.mtp_adaptive_steps)
     # Every mode starts from the prompt (Seqs.rewind): a step takes at most 2K + 2 slots per sequence.
     ctx = args.input_len + (timed + max(learn.values())) * (2 * k_max + 2) + 16
+    # Only the timed batch's graphs are captured (--cuda-graph-bs): the verify graphs' kept logits
+    # add up over buckets, and the smaller buckets' cut an 80 GB card's batch-64 MTP graphs to 48.
     runner = ModelRunner(model, bsz, ctx, bsz * ctx, attention_backend=args.attention_backend,
-                         cuda_graph_max_bs=bsz if clock.cuda else 0)  # fmt: skip
+                         cuda_graph_max_bs=bsz if clock.cuda else 0, cuda_graph_bs=[bsz])  # fmt: skip
     worker = MTPWorker(runner, k_max, adaptive=True, token_map=h.draft_token_map(cfg, args.mtp_token_map_size))
     seqs = h.Seqs(runner, bsz)
 
