@@ -37,7 +37,7 @@ from benchmark.hbm_ceiling import peak_tb_s  # noqa: E402
 from benchmark.moe_build import apply as apply_moe_build  # noqa: E402
 from sgl_inkling.model_executor.cuda_graph_runner import capture_forward  # noqa: E402
 from sgl_inkling.model_executor.forward_batch import ForwardBatch, ForwardMode  # noqa: E402
-from sgl_inkling.model_executor.model_loader import build_model, with_expert_quant  # noqa: E402
+from sgl_inkling.model_executor.model_loader import build_model, quantize_drafts, with_expert_quant  # noqa: E402
 from sgl_inkling.model_executor.model_runner import ModelRunner  # noqa: E402
 from sgl_inkling.models.inkling.config import SLIDING, InklingConfig  # noqa: E402
 from sgl_inkling.models.inkling.moe import MoE  # noqa: E402
@@ -490,6 +490,8 @@ def main(argv: list[str] | None = None) -> dict:
                    help="with --mtp: only the fixed k = 1..K and adaptive runs (skip the forced-length timings)")
     p.add_argument("--mtp-forced-only", action="store_true",
                    help="with --mtp: only the forced-length timings (skip the fixed k and adaptive runs)")
+    p.add_argument("--mtp-draft-quantization", choices=("fp8",), default=None,
+                   help="with --mtp: the depths' dense weights in fp8 (--speculative-draft-model-quantization)")
     p.add_argument("--mtp-token-map-size", type=int, default=0,
                    help="with --mtp: depths draft over this many token ids (a random draft vocabulary, as "
                    "--speculative-token-map gives; the forced acceptance makes which ids irrelevant); 0: the full vocabulary")
@@ -542,6 +544,7 @@ def _main(args: argparse.Namespace) -> dict:
     t0 = time.perf_counter()
     model = build_model(config, dtype, device)
     init_dummy_weights(model, seed=args.seed)
+    quantize_drafts(model, args.mtp_draft_quantization if args.mtp else None)
     Clock(device).sync()
     print(f"{name}: built {nbytes(model) / 1e9:.1f} GB of dummy weights on {device} in {time.perf_counter() - t0:.1f} s")
     gen = torch.Generator().manual_seed(args.seed)
@@ -591,6 +594,7 @@ def _main(args: argparse.Namespace) -> dict:
         "warmup_steps": args.warmup_steps,
         "runs": runs,
         "mtp_token_map_size": args.mtp_token_map_size or None,
+        "mtp_draft_quantization": args.mtp_draft_quantization if args.mtp else None,
         "mtp": mtp,
         "mtp_adaptive": adaptive,
     }

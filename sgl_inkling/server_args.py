@@ -96,6 +96,7 @@ class ServerArgs:
     speculative_eagle_topk: int = 1
     speculative_adaptive: bool = True  # drafts per step chosen from measured costs and acceptance
     speculative_token_map: str | None = None  # draft vocabulary: a .pt tensor of token ids (upstream's format)
+    speculative_draft_model_quantization: str | None = None  # fp8: the MTP depths' dense weights in fp8
     # Chat parsing
     reasoning_parser: str | None = None
     tool_call_parser: str | None = None
@@ -244,6 +245,12 @@ class ServerArgs:
                        help="draft vocabulary: a torch-saved 1-D tensor of token ids (as upstream's EAGLE "
                             "hot-token map); depths compute logits over it only, the trunk still verifies "
                             "over the full vocabulary")
+        g.add_argument("--speculative-draft-model-quantization", choices=("fp8", "unquant"),
+                       default=d.speculative_draft_model_quantization,
+                       help="fp8: the MTP depths' input projections and dense MLPs in fp8 e4m3 with a scale "
+                            "per output row, quantized at load (half their bytes a drafted token; drafts "
+                            "may differ, the trunk still verifies, so outputs do not); unquant (default): "
+                            "as the checkpoint has them")
 
         g = parser.add_argument_group("chat parsing")
         g.add_argument("--reasoning-parser", choices=PARSERS, default=d.reasoning_parser)
@@ -391,12 +398,17 @@ class ServerArgs:
                                          f"{self.chunked_prefill_size}; raise it or lower the chunk size")
 
     def _check_speculative(self, fail) -> None:
+        if self.speculative_draft_model_quantization not in (None, "unquant", "fp8"):
+            fail("--speculative-draft-model-quantization",
+                 f"must be fp8 or unquant, got {self.speculative_draft_model_quantization!r}")
         steps, drafts = self.speculative_num_steps, self.speculative_num_draft_tokens
         if self.speculative_algorithm is None:
             if steps is not None or drafts is not None:
                 fail("--speculative-num-steps", "needs --speculative-algorithm MTP")
             if self.speculative_token_map is not None:
                 fail("--speculative-token-map", "needs --speculative-algorithm MTP")
+            if self.speculative_draft_model_quantization not in (None, "unquant"):
+                fail("--speculative-draft-model-quantization", "needs --speculative-algorithm MTP")
             return
         if self.speculative_algorithm not in SPEC_ALGORITHMS:
             fail("--speculative-algorithm", f"{self.speculative_algorithm!r} is not one of {', '.join(SPEC_ALGORITHMS)}")

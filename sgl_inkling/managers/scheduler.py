@@ -42,6 +42,7 @@ class Scheduler(OverlapDecodeMixin, SamplingMixin, PrefillMixin, SpecDecodeMixin
         model = load_model(
             model_path, dtype, device, server_args.load_format, enable_multimodal=server_args.enable_multimodal,
             quantization=server_args.quantization, need_mtp=server_args.speculative_algorithm is not None,
+            draft_quantization=server_args.speculative_draft_model_quantization,
         )  # fmt: skip
         cfg = model.cfg
         dev = next(model.parameters()).device

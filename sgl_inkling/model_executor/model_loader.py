@@ -114,11 +114,13 @@ def load_model(
     enable_multimodal: bool | None = False,
     quantization: str | None = None,
     need_mtp: bool = False,
+    draft_quantization: str | None = None,
 ) -> InklingForCausalLM:
     """`enable_multimodal`: False builds the text model only; None (auto) builds the media towers
     the checkpoint has; True requires at least one. `quantization` (`--quantization`): None takes the
     checkpoint's; an NVFP4 name must match it (or, with dummy weights, makes the routed experts NVFP4).
-    `need_mtp`: speculative decoding will run."""
+    `need_mtp`: speculative decoding will run. `draft_quantization`
+    (--speculative-draft-model-quantization): "fp8" stores the MTP depths' dense weights in fp8."""
     if load_format not in LOAD_FORMATS:
         raise ValueError(f"--load-format must be one of {LOAD_FORMATS}, got {load_format!r}")
     config = with_quantization(InklingConfig.from_file(model_path), model_path, quantization, load_format)
@@ -130,4 +132,21 @@ def load_model(
         init_dummy_weights(model)
     else:
         load_safetensors(model, model_path, progress=progress)
+    quantize_drafts(model, draft_quantization)
     return model
+
+
+def quantize_drafts(model: InklingForCausalLM, method: str | None) -> None:
+    """Apply --speculative-draft-model-quantization to the loaded model's MTP depths (None and "unquant":
+    as the checkpoint has them)."""
+    if method in (None, "unquant"):
+        return
+    if method != "fp8":
+        raise ValueError(f"--speculative-draft-model-quantization must be fp8 or unquant, got {method!r}")
+    mtp = model.model.mtp
+    if mtp is None:
+        raise ValueError("--speculative-draft-model-quantization fp8: the model has no MTP depths")
+    saved = mtp.quantize_fp8()
+    if next(model.parameters()).is_cuda:
+        torch.cuda.empty_cache()  # the BF16 weights' blocks, before the pools are sized from free memory
+    logger.info("MTP depths' dense weights in fp8: %.2f GB less", saved / 1e9)

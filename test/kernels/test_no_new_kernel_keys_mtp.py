@@ -80,11 +80,12 @@ def _serve(s) -> None:
     s.abort("", abort_all=True)
 
 
-def test_mtp_serves_without_new_kernel_variants(tiny_path, tmp_path, monkeypatch):
+@pytest.mark.parametrize("draft_quant", [None, "fp8"])  # fp8: the depths' W8A16 GEMV (fp8_gemv.py) too
+def test_mtp_serves_without_new_kernel_variants(tiny_path, tmp_path, monkeypatch, draft_quant):
     _start_up_as_on_the_gpu(monkeypatch)
     args = ServerArgs(model_path=str(tiny_path), device="cpu", attention_backend="triton", speculative_algorithm="MTP",
                       speculative_num_steps=NUM_STEPS, max_running_requests=MAX_REQS, context_length=256,
-                      disable_cuda_graph=True)  # fmt: skip
+                      disable_cuda_graph=True, speculative_draft_model_quantization=draft_quant)  # fmt: skip
     args.check()
     with torch.no_grad(), kernel_dispatch(True), record_keys() as log:
         s = scheduler_mod.Scheduler(args, args.model_path, f"ipc://{tmp_path}/in", f"ipc://{tmp_path}/out")
@@ -96,6 +97,8 @@ def test_mtp_serves_without_new_kernel_variants(tiny_path, tmp_path, monkeypatch
             s.recv_sock.close(0)
             s.send_sock.close(0)
     assert spec["spec_verify_steps"] >= 4
+    if draft_quant == "fp8":
+        assert any("_fp8_gemv_kernel" in key.kernel for key in warm)
     new = KeyLog(log.launches[n_warm:]).new_since(warm)
     assert len(log.launches) - n_warm > 100
     assert new == [], "\n".join(new)

@@ -192,6 +192,10 @@ def test_refusals_hold_for_direct_construction(no_cuda):
         (["--chunked-prefill-size", "4096", "--max-prefill-tokens", "1024"], "--max-prefill-tokens",
          "--chunked-prefill-size"),
         (["--device", "cuda"], "--device", "CUDA"),
+        (["--speculative-draft-model-quantization", "fp8"], "--speculative-draft-model-quantization",
+         "--speculative-algorithm"),
+        (["--speculative-algorithm", "MTP", "--speculative-draft-model-quantization", "modelopt_fp4"],
+         "--speculative-draft-model-quantization", "fp8"),
     ],
 )
 def test_invalid_values_name_the_flag(argv, flag, words, no_cuda, capsys):
@@ -340,3 +344,11 @@ def test_revision_and_download_dir_flags_reach_fields(no_cuda):
 def test_missing_absolute_path(tmp_path):
     with pytest.raises(ModelNotFoundError, match="no such local directory"):
         resolve_model_path(str(tmp_path / "nope" / "deeper" / "x"))
+
+
+def test_draft_quantization_reaches_its_field_and_is_checked_when_constructed(no_cuda):
+    args = parse_server_args(["--speculative-algorithm", "MTP", "--speculative-draft-model-quantization", "fp8"])
+    assert args.speculative_draft_model_quantization == "fp8"
+    ServerArgs(speculative_draft_model_quantization="unquant").check()  # the neutral value needs no MTP
+    with pytest.raises(ServerArgsError, match="--speculative-draft-model-quantization"):
+        ServerArgs(speculative_algorithm="MTP", speculative_draft_model_quantization="int4").check()

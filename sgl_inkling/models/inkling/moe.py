@@ -56,7 +56,9 @@ class DenseMLP(nn.Module):
         declare(self.w2_md, "weight", Shard(1, inter.part, inter.parts))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return swiglu_interleaved(x, self.w13_dn.weight, self.w2_md.weight) * self.global_scale
+        # swiglu_interleaved through the modules: an MTP depth's may hold fp8 codes (Linear.quantize_fp8).
+        gu = self.w13_dn(x).unflatten(-1, (-1, 2))
+        return self.w2_md(F.silu(gu[..., 0]) * gu[..., 1]) * self.global_scale
 
 
 class Router(nn.Module):
