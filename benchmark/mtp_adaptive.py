@@ -41,7 +41,7 @@ from collections import Counter
 
 import torch
 
-from sgl_inkling.model_executor.cuda_graph_runner import bucket_for
+from sgl_inkling.model_executor.cuda_graph_runner import bucket_for, buckets_up_to
 from sgl_inkling.model_executor.forward_batch import ForwardMode
 from sgl_inkling.model_executor.model_runner import ModelRunner
 from sgl_inkling.models.inkling.slice_config import NUM_FULL_MODEL_LAYERS
@@ -68,6 +68,15 @@ def run_adaptive(model, cfg, bsz: int, args, gen, h) -> dict | None:
     return result
 
 
+def timed_buckets(bsz: int) -> list[int]:
+    """The graph batch sizes a batch of bsz is timed with: the standard buckets up to 32 and bsz. The
+    verify graphs' kept logits add up over buckets, and those from 40 to 56 cut an 80 GB card's batch-64
+    MTP graphs to 48; the small ones stay, since a tail catch-up runs only the requests whose lag
+    buffers filled (about 10-20 of 64) padded to the next bucket: with bsz alone (24ab9bd) every
+    catch-up ran 64 rows, and the batch-64 draft steps took 23-27 ms whatever k."""
+    return [b for b in buckets_up_to(bsz) if b <= 32 or b == bsz]
+
+
 def _run_adaptive(model, cfg, bsz: int, args, gen, h) -> dict | None:
     k_max = args.mtp_steps
     curve = list(args.mtp_accept_curve)[:k_max]
@@ -78,10 +87,8 @@ def _run_adaptive(model, cfg, bsz: int, args, gen, h) -> dict | None:
     timed = args.warmup_steps + max(args.decode_steps, args.mtp_adaptive_steps)
     # Every mode starts from the prompt (Seqs.rewind): a step takes at most 2K + 2 slots per sequence.
     ctx = args.input_len + (timed + max(learn.values())) * (2 * k_max + 2) + 16
-    # Only the timed batch's graphs are captured (--cuda-graph-bs): the verify graphs' kept logits
-    # add up over buckets, and the smaller buckets' cut an 80 GB card's batch-64 MTP graphs to 48.
     runner = ModelRunner(model, bsz, ctx, bsz * ctx, attention_backend=args.attention_backend,
-                         cuda_graph_max_bs=bsz if clock.cuda else 0, cuda_graph_bs=[bsz])  # fmt: skip
+                         cuda_graph_max_bs=bsz if clock.cuda else 0, cuda_graph_bs=timed_buckets(bsz))  # fmt: skip
     worker = MTPWorker(runner, k_max, adaptive=True, token_map=h.draft_token_map(cfg, args.mtp_token_map_size))
     seqs = h.Seqs(runner, bsz)
 

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from sgl_inkling.model_executor.cuda_graph_runner import CudaGraphRunner
+from sgl_inkling.model_executor.cuda_graph_runner import CudaGraphRunner, bucket_for, buckets_up_to
 from sgl_inkling.model_executor.forward_batch import ForwardBatch, ForwardMode
 
 PAD_ROW = 9
@@ -80,3 +80,18 @@ def test_given_buckets_are_captured_and_batches_pad_to_the_next_one():
     assert graph_buckets(SimpleNamespace(graphs=None), 6) == buckets_up_to(6)
     standard = SimpleNamespace(graphs=staging_runner(64))  # the default: the same as before
     assert all(graph_buckets(standard, m) == buckets_up_to(m) for m in standard.graphs.buckets)
+
+
+def test_the_adaptive_benchmarks_buckets_pad_catch_ups_as_the_standard_ones():
+    """bench_one_batch --mtp's graph sizes (mtp_adaptive.timed_buckets): a tail catch-up of r <= 32
+    requests pads to the bucket the standard set would give it (not to the timed batch: 24ab9bd's
+    batch-64 draft steps ran every catch-up at 64 rows), the timed batch has its own graph, and the
+    kept verify logits (their sum) stay below those of the standard buckets up to 48."""
+    from benchmark.mtp_adaptive import timed_buckets
+
+    for bsz in (1, 3, 8, 48, 64):
+        got, std = timed_buckets(bsz), buckets_up_to(bsz)
+        assert got[-1] == bsz
+        for r in range(1, min(bsz, 32) + 1):
+            assert bucket_for(got, r) == bucket_for(std, r), (bsz, r)
+    assert sum(timed_buckets(64)) < sum(buckets_up_to(48))
