@@ -9,8 +9,8 @@ in bf16 and the row scale is applied once to the fp32 sum.
 
 The form is dense_gemv's: each program streams a band of BLOCK_N weight rows over the whole K with 16
 tokens as the MMA operand, the first PRE_K columns loaded before `pdl_wait` (the weights are no
-earlier kernel's output). Larger batches take more token tiles (grid axis 1), which re-read the band
-from L2 rather than HBM. Narrow outputs (a depth's down projection: 6144 rows over 24576 columns)
+earlier kernel's output). Larger batches take more token tiles (the fastest grid axis, so the
+programs of one band run side by side and re-read it from L2 rather than HBM). Narrow outputs (a depth's down projection: 6144 rows over 24576 columns)
 take 32-row bands so the grid still covers the SMs. In the interpreter (no fp8 type) the codes are
 read as bytes and decoded by integer arithmetic (exact); on the GPU by the hardware conversion.
 """
@@ -43,8 +43,8 @@ def _fp8_gemv_kernel(
     BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PRE_K: tl.constexpr,
     HW_FP8: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr, PDL: tl.constexpr = False,
 ):  # fmt: skip
-    offs_t = tl.program_id(1) * BLOCK_T + tl.arange(0, BLOCK_T)
-    offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     t_ok = offs_t < T
     n_ok = offs_n < N
     w_rows = W + offs_n[:, None] * stride_wn
@@ -108,7 +108,8 @@ def fp8_gemv(x: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor, block_n:
     block_k, pre_k = (64, 64) if interpreting() else (256, 256)  # the interpreter: small tiles, quick tests
     upcast, prec = dot_mode(x.dtype)
     hw = not interpreting()
-    grid = (triton.cdiv(n, block_n), triton.cdiv(t, TOKEN_TILE))
+    # Token tiles on the fastest grid axis: the programs sharing a band run together and read it once from HBM.
+    grid = (triton.cdiv(t, TOKEN_TILE), triton.cdiv(n, block_n))
     _fp8_gemv_kernel[grid](
         x, codes.view(torch.uint8), scale, out, t, n, k,
         x.stride(0), codes.stride(0), out.stride(0),
