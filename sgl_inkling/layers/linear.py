@@ -75,7 +75,9 @@ class Linear(nn.Linear):
 
     def quantize_fp8(self) -> None:
         """Keep the weight as fp8 codes (the `weight` parameter, same shape) and a `weight_scale` buffer
-        (quantize_fp8_rows); after loading: the loaders write the checkpoint's BF16."""
+        (quantize_fp8_rows); after loading: the loaders write the checkpoint's BF16. Once: codes stay."""
+        if self.weight.dtype == FP8:
+            return
         codes, scale = quantize_fp8_rows(self.weight)
         self.weight = nn.Parameter(codes, requires_grad=False)
         self.register_buffer("weight_scale", scale)
