@@ -510,6 +510,8 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--result-file", type=Path, default=None)
     args = p.parse_args(argv)
+    if args.mtp_draft_quantization and not args.mtp:
+        p.error("--mtp-draft-quantization needs --mtp (only the MTP depths are quantized)")
     with contextlib.ExitStack() as stack:
         if args.pdl == "off":
             stack.enter_context(no_pdl())
@@ -544,7 +546,7 @@ def _main(args: argparse.Namespace) -> dict:
     t0 = time.perf_counter()
     model = build_model(config, dtype, device)
     init_dummy_weights(model, seed=args.seed)
-    quantize_drafts(model, args.mtp_draft_quantization if args.mtp else None)
+    quantize_drafts(model, args.mtp_draft_quantization)
     Clock(device).sync()
     print(f"{name}: built {nbytes(model) / 1e9:.1f} GB of dummy weights on {device} in {time.perf_counter() - t0:.1f} s")
     gen = torch.Generator().manual_seed(args.seed)
@@ -594,7 +596,7 @@ def _main(args: argparse.Namespace) -> dict:
         "warmup_steps": args.warmup_steps,
         "runs": runs,
         "mtp_token_map_size": args.mtp_token_map_size or None,
-        "mtp_draft_quantization": args.mtp_draft_quantization if args.mtp else None,
+        "mtp_draft_quantization": args.mtp_draft_quantization,
         "mtp": mtp,
         "mtp_adaptive": adaptive,
     }
