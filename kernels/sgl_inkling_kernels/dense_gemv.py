@@ -36,6 +36,7 @@ from sgl_inkling_kernels._triton import (
     tl,
     triton,
 )
+from sgl_inkling_kernels.nvfp4_decode import fp8_e4m3_to_f32
 
 MAX_TOKENS = 16  # one token tile: tl.dot takes at least 16 rows
 
@@ -96,8 +97,22 @@ def _dense_gemv_kernel(
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     t_ok = offs_t < T
     n_ok = offs_n < N
-    w_rows = W + offs_n[:, None] * stride_wn
-    x_rows = X + offs_t[:, None] * stride_xt
+    acc = band_dot(X + offs_t[:, None] * stride_xt, W + offs_n[:, None] * stride_wn, t_ok, n_ok, K,
+                   BLOCK_T, BLOCK_N, BLOCK_K, PRE_K, False, False, UPCAST, PREC, PDL)  # fmt: skip
+    tl.store(Y + offs_t[:, None] * stride_yt + offs_n[None, :], acc.to(Y.dtype.element_ty),
+             mask=t_ok[:, None] & n_ok[None, :])  # fmt: skip
+
+
+@triton.jit
+def band_dot(
+    x_rows, w_rows, t_ok, n_ok, K,
+    BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PRE_K: tl.constexpr,
+    W_FP8: tl.constexpr, HW_FP8: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr, PDL: tl.constexpr,
+):  # fmt: skip
+    """The tokens x_rows [BLOCK_T, 1] against the band of weight rows w_rows [BLOCK_N, 1] over all K
+    columns, as an fp32 [BLOCK_T, BLOCK_N] tile; the first PRE_K weight columns are loaded before
+    `pdl_wait`. W_FP8: the weights are e4m3 bytes (fp8_gemv.py), widened exactly to x's dtype by the
+    GPU's conversion (HW_FP8) or by integer arithmetic (the interpreter)."""
     acc = tl.zeros([BLOCK_T, BLOCK_N], tl.float32)
     if PRE_K > 0:
         # The weights are no earlier kernel's output: in flight while the previous kernel finishes.
@@ -107,15 +122,26 @@ def _dense_gemv_kernel(
     pdl_wait(PDL)
     if PRE_K > 0:
         x_pre = tl.load(x_rows + offs_p[None, :], mask=t_ok[:, None] & p_ok[None, :], other=0.0)
+        if W_FP8:
+            w_pre = _widen_e4m3(w_pre, x_pre, HW_FP8)
         acc += mm(x_pre, tl.trans(w_pre), UPCAST, PREC)
     for k0 in range(PRE_K, K, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
         k_ok = offs_k < K
         x = tl.load(x_rows + offs_k[None, :], mask=t_ok[:, None] & k_ok[None, :], other=0.0)
         w = tl.load(w_rows + offs_k[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
+        if W_FP8:
+            w = _widen_e4m3(w, x, HW_FP8)
         acc += mm(x, tl.trans(w), UPCAST, PREC)
-    tl.store(Y + offs_t[:, None] * stride_yt + offs_n[None, :], acc.to(Y.dtype.element_ty),
-             mask=t_ok[:, None] & n_ok[None, :])  # fmt: skip
+    return acc
+
+
+@triton.jit
+def _widen_e4m3(codes, x, HW_FP8: tl.constexpr):
+    """e4m3 codes (bytes) -> x's dtype, exactly."""
+    if HW_FP8:
+        return codes.to(tl.float8e4nv, bitcast=True).to(x.dtype)
+    return fp8_e4m3_to_f32(codes).to(x.dtype)
 
 
 def applies(x: torch.Tensor, weight: torch.Tensor) -> bool:

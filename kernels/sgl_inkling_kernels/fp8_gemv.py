@@ -7,7 +7,7 @@ width), so the draft step is weight streaming; one byte a weight halves it. An e
 bf16 exactly (bf16 has e4m3's exponent range and more mantissa), so the dot runs on the tensor cores
 in bf16 and the row scale is applied once to the fp32 sum.
 
-The form is dense_gemv's: each program streams a band of BLOCK_N weight rows over the whole K with 16
+The form is dense_gemv's (its `band_dot` loop): each program streams a band of BLOCK_N weight rows over the whole K with 16
 tokens as the MMA operand, the first PRE_K columns loaded before `pdl_wait` (the weights are no
 earlier kernel's output). Larger batches take more token tiles (the fastest grid axis, so the
 programs of one band run side by side and re-read it from L2 rather than HBM). Narrow outputs (a depth's down projection: 6144 rows over 24576 columns)
@@ -19,17 +19,8 @@ from __future__ import annotations
 
 import torch
 
-from sgl_inkling_kernels._triton import (
-    dot_mode,
-    interpreting,
-    mm,
-    pdl_launch,
-    pdl_wait,
-    require_triton,
-    tl,
-    triton,
-)
-from sgl_inkling_kernels.nvfp4_decode import fp8_e4m3_to_f32
+from sgl_inkling_kernels._triton import dot_mode, interpreting, pdl_launch, require_triton, tl, triton
+from sgl_inkling_kernels.dense_gemv import band_dot
 
 TOKEN_TILE = 16  # tl.dot takes at least 16 rows
 MAX_TOKENS = 64  # above: the callers dequantize and run one GEMM (prefill)
@@ -47,35 +38,12 @@ def _fp8_gemv_kernel(
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     t_ok = offs_t < T
     n_ok = offs_n < N
-    w_rows = W + offs_n[:, None] * stride_wn
-    x_rows = X + offs_t[:, None] * stride_xt
-    acc = tl.zeros([BLOCK_T, BLOCK_N], tl.float32)
-    if PRE_K > 0:
-        offs_p = tl.arange(0, PRE_K)
-        p_ok = offs_p < K
-        w_pre = tl.load(w_rows + offs_p[None, :], mask=n_ok[:, None] & p_ok[None, :], other=0)
-    pdl_wait(PDL)
-    if PRE_K > 0:
-        x_pre = tl.load(x_rows + offs_p[None, :], mask=t_ok[:, None] & p_ok[None, :], other=0.0)
-        acc += mm(x_pre, tl.trans(_widen(w_pre, x_pre, HW_FP8)), UPCAST, PREC)
-    for k0 in range(PRE_K, K, BLOCK_K):
-        offs_k = k0 + tl.arange(0, BLOCK_K)
-        k_ok = offs_k < K
-        x = tl.load(x_rows + offs_k[None, :], mask=t_ok[:, None] & k_ok[None, :], other=0.0)
-        w = tl.load(w_rows + offs_k[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0)
-        acc += mm(x, tl.trans(_widen(w, x, HW_FP8)), UPCAST, PREC)
+    acc = band_dot(X + offs_t[:, None] * stride_xt, W + offs_n[:, None] * stride_wn, t_ok, n_ok, K,
+                   BLOCK_T, BLOCK_N, BLOCK_K, PRE_K, True, HW_FP8, UPCAST, PREC, PDL)  # fmt: skip
     scale = tl.load(S + offs_n, mask=n_ok, other=0.0)
     y = acc * scale[None, :]
     tl.store(Y + offs_t[:, None] * stride_yt + offs_n[None, :], y.to(Y.dtype.element_ty),
              mask=t_ok[:, None] & n_ok[None, :])  # fmt: skip
-
-
-@triton.jit
-def _widen(codes, x, HW_FP8: tl.constexpr):
-    """e4m3 codes (bytes) -> x's dtype, exactly."""
-    if HW_FP8:
-        return codes.to(tl.float8e4nv, bitcast=True).to(x.dtype)
-    return fp8_e4m3_to_f32(codes).to(x.dtype)
 
 
 def applies(x: torch.Tensor, codes: torch.Tensor) -> bool:
